@@ -1,0 +1,13 @@
+"""The kernel under test: ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)``.
+
+Runs on CUDA tensors natively, and on CPU tensors in Triton's interpreter when
+``TRITON_INTERPRET=1`` is set before this package is imported.
+"""
+
+from ._interpreter_compat import install as _install_interpreter_compat
+
+_install_interpreter_compat()
+
+from ._launch import BLOCK_N, DEFAULT_SM_SCALE, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS, PAGE_SIZE, run  # noqa: E402
+
+__all__ = ["BLOCK_N", "DEFAULT_SM_SCALE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_QO_HEADS", "PAGE_SIZE", "run"]

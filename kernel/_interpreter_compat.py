@@ -1,0 +1,121 @@
+"""Makes Triton's CPU interpreter compute bf16 like the GPU does.
+
+Two defects of the interpreter (``TRITON_INTERPRET=1``) matter to this kernel:
+
+* ``tl.dot`` on bfloat16 operands multiplies the raw uint16 bit patterns, since
+  the interpreter stores bf16 as uint16 and hands those arrays to ``np.matmul``
+  (results near 1e10). Upstream: triton-lang/triton issue 11584; the fix, PR
+  11585, was declined, so bf16 stays unsupported there.
+* float32 -> bfloat16 conversion truncates toward zero, where the GPU rounds to
+  nearest even: CPU results would carry about twice the GPU's rounding error.
+
+``install()`` probes the interpreter for each defect and patches only what is
+still broken, so the layer switches itself off once Triton handles bf16. It does
+nothing unless the interpreter is enabled.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["bf16_bits_to_float32", "float32_to_bf16_bits", "install", "installed_patches"]
+
+_installed: list[str] = []
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """Widen bf16 values stored as uint16 bit patterns to float32 (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """Round float32 to bf16 bit patterns, nearest-even, as the GPU's cvt.rn.bf16.f32."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+    quiet_nan = (bits >> 16) | np.uint32(0x0040)
+    return np.where(np.isnan(values), quiet_nan, rounded).astype(np.uint16)
+
+
+def _interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _bf16_handle(values: np.ndarray):
+    from triton.runtime.interpreter import TensorHandle
+    import triton.language as tl
+
+    return TensorHandle(float32_to_bf16_bits(values), tl.bfloat16)
+
+
+def _dot_multiplies_bits(builder_cls) -> bool:
+    from triton.runtime.interpreter import TensorHandle
+    import triton.language as tl
+
+    ones = np.ones((16, 16), dtype=np.float32)
+    acc = TensorHandle(np.zeros((16, 16), dtype=np.float32), tl.float32)
+    product = builder_cls().create_dot(_bf16_handle(ones), _bf16_handle(ones), acc, None, None)
+    return not np.array_equal(product.data, np.full((16, 16), 16.0, dtype=np.float32))
+
+
+def _cast_truncates(builder_cls) -> bool:
+    from triton.runtime.interpreter import TensorHandle
+    import triton.language as tl
+
+    # 1 + 2**-8 + 2**-9 lies above the midpoint of two bf16 neighbours: nearest is 1 + 2**-7.
+    value = np.array([1.0 + 2.0**-8 + 2.0**-9], dtype=np.float32)
+    cast = builder_cls().cast_impl(TensorHandle(value, tl.float32), tl.bfloat16)
+    return int(cast.data.view(np.uint16)[0]) != int(float32_to_bf16_bits(value)[0])
+
+
+def _patch_dot(builder_cls) -> None:
+    import triton.language as tl
+
+    original = builder_cls.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.bfloat16:
+            a = type(a)(bf16_bits_to_float32(a.data), tl.float32)
+        if b.dtype.scalar == tl.bfloat16:
+            b = type(b)(bf16_bits_to_float32(b.data), tl.float32)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    builder_cls.create_dot = create_dot
+
+
+def _patch_cast(builder_cls) -> None:
+    import triton.language as tl
+
+    original = builder_cls.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return type(src)(float32_to_bf16_bits(src.data), tl.bfloat16)
+        return original(self, src, dst_type)
+
+    builder_cls.cast_impl = cast_impl
+
+
+def install() -> list[str]:
+    """Patch the interpreter where the probes find a defect; return what is patched.
+
+    Idempotent. A no-op outside interpreter mode, and for each defect that the
+    installed Triton no longer has.
+    """
+    if not _interpreter_enabled() or _installed:
+        return list(_installed)
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    if _dot_multiplies_bits(InterpreterBuilder):
+        _patch_dot(InterpreterBuilder)
+        _installed.append("bf16-dot")
+    if _cast_truncates(InterpreterBuilder):
+        _patch_cast(InterpreterBuilder)
+        _installed.append("bf16-round-nearest")
+    return list(_installed)
+
+
+def installed_patches() -> list[str]:
+    """The patches ``install()`` applied in this process."""
+    return list(_installed)

@@ -1,0 +1,90 @@
+"""The Triton kernel: GQA decode over a paged KV cache with page size 1.
+
+One program handles every query head of one sequence, so that the 32 heads form
+the M dimension of ``tl.dot`` (which needs M >= 16). A query head h reads KV head
+h // GROUP; the dots run once per KV head with the other heads' rows zeroed.
+
+Differences from the seed kernel (each a defect the property suite finds in it):
+addresses are computed in int64 (``page_id * stride`` overflows int32 once page
+ids reach 2**22), and every stride is read, the last dimension's included, so
+sliced and strided inputs give the right answer.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gqa_paged_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr,
+    kv_indptr_ptr, kv_indices_ptr,
+    sm_scale,
+    output_ptr, lse_ptr,
+    stride_q_b, stride_q_h, stride_q_d,
+    stride_k_page, stride_k_head, stride_k_d,
+    stride_v_page, stride_v_head, stride_v_d,
+    stride_o_b, stride_o_h, stride_o_d,
+    stride_lse_b, stride_lse_h,
+    NUM_QO_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    LOG2E: tl.constexpr = 1.4426950408889634
+    GROUP: tl.constexpr = NUM_QO_HEADS // NUM_KV_HEADS
+    seq = tl.program_id(0).to(tl.int64)
+
+    page_start = tl.load(kv_indptr_ptr + seq).to(tl.int64)
+    seq_len = tl.load(kv_indptr_ptr + seq + 1).to(tl.int64) - page_start
+
+    offs_h = tl.arange(0, NUM_QO_HEADS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_head_of_q = offs_h // GROUP
+    out_ptrs = output_ptr + seq * stride_o_b + offs_h[:, None] * stride_o_h + offs_d[None, :] * stride_o_d
+    lse_ptrs = lse_ptr + seq * stride_lse_b + offs_h * stride_lse_h
+
+    if seq_len == 0:
+        tl.store(out_ptrs, tl.zeros([NUM_QO_HEADS, HEAD_DIM], dtype=tl.float32).to(output_ptr.dtype.element_ty))
+        tl.store(lse_ptrs, tl.full([NUM_QO_HEADS], float("-inf"), dtype=tl.float32))
+        return
+
+    q = tl.load(q_ptr + seq * stride_q_b + offs_h[:, None] * stride_q_h + offs_d[None, :] * stride_q_d)
+    q = q.to(tl.float32)
+
+    acc = tl.zeros([NUM_QO_HEADS, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([NUM_QO_HEADS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([NUM_QO_HEADS], dtype=tl.float32)
+
+    offs_n = tl.arange(0, BLOCK_N)
+    for block_start in range(0, seq_len, BLOCK_N):
+        token = block_start + offs_n
+        in_seq = token < seq_len
+        page = tl.load(kv_indices_ptr + page_start + token, mask=in_seq, other=0).to(tl.int64)
+
+        scores = tl.zeros([NUM_QO_HEADS, BLOCK_N], dtype=tl.float32)
+        for g in range(NUM_KV_HEADS):
+            k = tl.load(
+                k_cache_ptr + page[:, None] * stride_k_page + g * stride_k_head + offs_d[None, :] * stride_k_d,
+                mask=in_seq[:, None], other=0.0,
+            )
+            q_g = tl.where((kv_head_of_q == g)[:, None], q, 0.0)
+            scores += tl.dot(q_g, tl.trans(k.to(tl.float32)))
+        scores = tl.where(in_seq[None, :], scores * sm_scale, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2((m_i - m_new) * LOG2E)
+        p = tl.exp2((scores - m_new[:, None]) * LOG2E)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        p_bf16 = p.to(tl.bfloat16)
+        for g in range(NUM_KV_HEADS):
+            v = tl.load(
+                v_cache_ptr + page[:, None] * stride_v_page + g * stride_v_head + offs_d[None, :] * stride_v_d,
+                mask=in_seq[:, None], other=0.0,
+            )
+            p_g = tl.where((kv_head_of_q == g)[:, None], p_bf16, 0.0)
+            acc += tl.dot(p_g, v)
+        m_i = m_new
+
+    tl.store(out_ptrs, (acc / l_i[:, None]).to(output_ptr.dtype.element_ty))
+    tl.store(lse_ptrs, m_i * LOG2E + tl.log2(l_i))
