@@ -20,9 +20,10 @@ import os
 
 import numpy as np
 
-__all__ = ["bf16_bits_to_float32", "float32_to_bf16_bits", "install", "installed_patches"]
+__all__ = ["bf16_bits_to_float32", "float32_to_bf16_bits", "install", "installed_patches", "original_methods"]
 
 _installed: list[str] = []
+_originals: dict[str, object] = {}  # InterpreterBuilder methods as Triton shipped them
 
 
 def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
@@ -43,15 +44,15 @@ def _interpreter_enabled() -> bool:
 
 
 def _bf16_handle(values: np.ndarray):
-    from triton.runtime.interpreter import TensorHandle
     import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
 
     return TensorHandle(float32_to_bf16_bits(values), tl.bfloat16)
 
 
 def _dot_multiplies_bits(builder_cls) -> bool:
-    from triton.runtime.interpreter import TensorHandle
     import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
 
     ones = np.ones((16, 16), dtype=np.float32)
     acc = TensorHandle(np.zeros((16, 16), dtype=np.float32), tl.float32)
@@ -60,8 +61,8 @@ def _dot_multiplies_bits(builder_cls) -> bool:
 
 
 def _cast_truncates(builder_cls) -> bool:
-    from triton.runtime.interpreter import TensorHandle
     import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
 
     # 1 + 2**-8 + 2**-9 lies above the midpoint of two bf16 neighbours: nearest is 1 + 2**-7.
     value = np.array([1.0 + 2.0**-8 + 2.0**-9], dtype=np.float32)
@@ -72,7 +73,7 @@ def _cast_truncates(builder_cls) -> bool:
 def _patch_dot(builder_cls) -> None:
     import triton.language as tl
 
-    original = builder_cls.create_dot
+    original = _originals.setdefault("create_dot", builder_cls.create_dot)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if a.dtype.scalar == tl.bfloat16:
@@ -87,7 +88,7 @@ def _patch_dot(builder_cls) -> None:
 def _patch_cast(builder_cls) -> None:
     import triton.language as tl
 
-    original = builder_cls.cast_impl
+    original = _originals.setdefault("cast_impl", builder_cls.cast_impl)
 
     def cast_impl(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
@@ -114,6 +115,11 @@ def install() -> list[str]:
         _patch_cast(InterpreterBuilder)
         _installed.append("bf16-round-nearest")
     return list(_installed)
+
+
+def original_methods() -> dict[str, object]:
+    """The unpatched InterpreterBuilder methods this layer replaced (for tests)."""
+    return dict(_originals)
 
 
 def installed_patches() -> list[str]:

@@ -52,13 +52,18 @@ def _check_devices(tensors: dict[str, torch.Tensor]) -> torch.device:
 
 def _check_indices(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_pages: int) -> None:
     """Index invariants, read back with one device sync."""
+    zero = torch.zeros((), dtype=torch.int64, device=kv_indptr.device)
+
+    def extreme(values: torch.Tensor, reduce) -> torch.Tensor:
+        return reduce(values).to(torch.int64) if values.numel() else zero
+
     steps = kv_indptr[1:] - kv_indptr[:-1]
     facts = torch.stack([
         kv_indptr[0].to(torch.int64),
         kv_indptr[-1].to(torch.int64),
-        steps.min().to(torch.int64) if steps.numel() else torch.zeros((), dtype=torch.int64, device=kv_indptr.device),
-        kv_indices.min().to(torch.int64) if kv_indices.numel() else torch.zeros((), dtype=torch.int64, device=kv_indptr.device),
-        kv_indices.max().to(torch.int64) if kv_indices.numel() else torch.zeros((), dtype=torch.int64, device=kv_indptr.device),
+        extreme(steps, torch.min),
+        extreme(kv_indices, torch.min),
+        extreme(kv_indices, torch.max),
     ]).tolist()
     first, last, min_step, min_page, max_page = facts
     if first != 0:
@@ -68,7 +73,9 @@ def _check_indices(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_pages:
     if last != kv_indices.shape[0]:
         raise ValueError(f"kv_indptr[-1]={last} must equal the length of kv_indices ({kv_indices.shape[0]})")
     if kv_indices.numel() and (min_page < 0 or max_page >= num_pages):
-        raise ValueError(f"kv_indices must lie in [0, {num_pages}) (the page pool), got values in [{min_page}, {max_page}]")
+        raise ValueError(
+            f"kv_indices must lie in [0, {num_pages}) (the page pool), got values in [{min_page}, {max_page}]"
+        )
 
 
 def _check_scale(sm_scale) -> float:

@@ -1,0 +1,56 @@
+"""``--impl`` points the whole property suite at another implementation."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from properties.impl import ImplSpecError, load_impl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_suite(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pytest", "properties/test_decode.py", "-p", "no:cacheprovider",
+               "-n0", "--hypothesis-profile=ci", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_file_path_impl_passes_when_correct():
+    result = run_suite("--impl", "tests/impls/torch_float32.py:run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "impl=tests/impls/torch_float32.py:run" in result.stdout
+
+
+def test_module_impl_fails_when_lse_is_natural_log(tmp_path):
+    (tmp_path / "natural_lse.py").write_text(
+        "import math\n"
+        "from tests.impls.torch_float32 import run as correct\n"
+        "def run(*args):\n"
+        "    output, lse = correct(*args)\n"
+        "    return output, lse * math.log(2.0)\n"
+    )
+    result = run_suite("--impl", f"{tmp_path / 'natural_lse.py'}:run", "-x")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "lse not within bound" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("kernel", "expected 'package.module:function'"),
+        ("no_such_module:run", "cannot import module"),
+        ("kernel:no_such_function", "has no callable"),
+        ("missing/file.py:run", "no such file"),
+    ],
+)
+def test_bad_impl_spec_names_the_problem(spec, message):
+    with pytest.raises(ImplSpecError, match=message):
+        load_impl(spec, root=ROOT)
+
+
+def test_bad_impl_spec_is_a_usage_error():
+    result = run_suite("--impl", "kernel:no_such_function")
+    assert result.returncode == 4
+    assert "has no callable" in result.stderr

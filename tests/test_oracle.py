@@ -1,0 +1,110 @@
+"""The oracle against a naive per-head implementation and against identities."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from properties.cases import DecodeCase, build
+from properties.strategies import SizeLimits, decode_cases
+from reference import attend, float32_scale
+
+SMALL = SizeLimits(max_batch=3, max_len=40, max_spare_pages=16)
+
+
+def naive_attention(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+    """Straight from the contract: one sequence, one head at a time, float64."""
+    scale = float32_scale(sm_scale)
+    batch = q.shape[0]
+    output = torch.zeros(batch, 32, 128, dtype=torch.float64)
+    lse = torch.full((batch, 32), -math.inf, dtype=torch.float64)
+    for seq in range(batch):
+        pages = kv_indices[int(kv_indptr[seq]):int(kv_indptr[seq + 1])].long()
+        if pages.numel() == 0:
+            continue
+        for head in range(32):
+            keys = k_cache[pages, 0, head // 8].double()
+            values = v_cache[pages, 0, head // 8].double()
+            logits = scale * (keys @ q[seq, head].double())
+            top = logits.max()
+            total = torch.exp(logits - top).sum()
+            output[seq, head] = (torch.exp(logits - top) / total) @ values
+            lse[seq, head] = (top + torch.log(total)) / math.log(2.0)
+    return output, lse
+
+
+@settings(max_examples=60)
+@given(case=decode_cases(limits=SMALL, values=("normal", "wide", "peaky", "large_logits", "offset_values")))
+def test_oracle_matches_naive_per_head_loop(case):
+    inputs = build(case)
+    reference = attend(*inputs)
+    output, lse = naive_attention(*inputs)
+    torch.testing.assert_close(reference.output, output, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(reference.lse, lse, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=20)
+@given(case=decode_cases(limits=SMALL, min_empty=1))
+def test_empty_sequence_is_zero_and_negative_infinity_with_zero_bound(case):
+    reference = attend(*build(case))
+    for seq, length in enumerate(case.lengths):
+        if length == 0:
+            assert bool((reference.output[seq] == 0).all()) and bool((reference.lse[seq] == -math.inf).all())
+            assert bool((reference.output_bound[seq] == 0).all()) and bool((reference.lse_bound[seq] == 0).all())
+
+
+@settings(max_examples=20)
+@given(case=decode_cases(limits=SMALL, min_batch=1), value=st.floats(-100, 100))
+def test_constant_values_give_that_constant(case, value):
+    inputs = build(case)
+    constant = torch.tensor(value).to(torch.bfloat16)
+    inputs = inputs._replace(v_cache=torch.full_like(inputs.v_cache, float(constant)))
+    reference = attend(*inputs)
+    for seq, length in enumerate(case.lengths):
+        expected = float(constant) if length else 0.0
+        torch.testing.assert_close(reference.output[seq], torch.full_like(reference.output[seq], expected))
+
+
+@settings(max_examples=20)
+@given(case=decode_cases(limits=SMALL))
+def test_zero_scale_gives_mean_of_values_and_log2_length(case):
+    inputs = build(DecodeCase(**{**case.__dict__, "scale": 0.0}))
+    reference = attend(*inputs)
+    for seq, length in enumerate(case.lengths):
+        if length == 0:
+            continue
+        pages = inputs.kv_indices[int(inputs.kv_indptr[seq]):int(inputs.kv_indptr[seq + 1])].long()
+        mean = inputs.v_cache[pages, 0].double().mean(0).repeat_interleave(8, dim=0)
+        torch.testing.assert_close(reference.output[seq], mean)
+        torch.testing.assert_close(reference.lse[seq], torch.full((32,), math.log2(length), dtype=torch.float64))
+
+
+@settings(max_examples=20)
+@given(case=decode_cases(limits=SMALL), data=st.data())
+def test_permuting_a_sequences_tokens_changes_nothing(case, data):
+    inputs = build(case)
+    indices = inputs.kv_indices.clone()
+    bounds = inputs.kv_indptr.tolist()
+    for seq in range(case.batch):
+        piece = indices[bounds[seq]:bounds[seq + 1]]
+        order = data.draw(st.permutations(range(piece.numel())))
+        indices[bounds[seq]:bounds[seq + 1]] = piece[list(order)] if order else piece
+    before, after = attend(*inputs), attend(*inputs._replace(kv_indices=indices))
+    torch.testing.assert_close(after.output, before.output, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(after.lse, before.lse, rtol=1e-12, atol=1e-12)
+
+
+def test_chunking_gives_the_same_answer(monkeypatch):
+    import reference.oracle as oracle
+
+    inputs = build(DecodeCase(lengths=(5, 0, 33, 17), values="wide", seed=3))
+    whole = attend(*inputs)
+    monkeypatch.setattr(oracle, "_CHUNK_ELEMENTS", 1)  # one sequence per chunk
+    torch.testing.assert_close(attend(*inputs), whole, rtol=1e-12, atol=1e-15)  # padding reorders float64 sums
+
+
+@pytest.mark.parametrize("scale, expected", [(None, 1 / math.sqrt(128)), (0.1, 0.1)])
+def test_scale_is_rounded_to_float32(scale, expected):
+    assert float32_scale(scale) == float(torch.tensor(expected, dtype=torch.float32))
