@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from .cases import PAGE_LAYOUTS, POOL_FILLS, VALUE_REGIMES, DecodeCase
+from .cases import (
+    DEFAULT_PAGE_LAYOUTS,
+    DEFAULT_REGIMES,
+    INDEX_LAYOUTS,
+    KV_LAYOUTS,
+    PAGE_LAYOUTS,
+    POOL_FILLS,
+    Q_LAYOUTS,
+    VALUE_REGIMES,
+    DecodeCase,
+)
 
 # Block sizes that Triton decode kernels use; each length at a boundary and one either side.
 _BLOCK_EDGES = sorted({n + d for n in (16, 32, 64, 128, 256) for d in (-1, 0, 1)})
@@ -49,6 +59,25 @@ def scales() -> st.SearchStrategy[float | None]:
     )
 
 
+def hostile_scales() -> st.SearchStrategy[float]:
+    """sm_scale far from 1/sqrt(128): tiny (down to float32's smallest normals), huge (to 1e4), either sign."""
+    magnitude = st.one_of(st.floats(1e-38, 1e-6), st.floats(64.0, 1e4), st.sampled_from([1e-38, 1e-30, 1e4]))
+    return st.builds(lambda m, negative: -m if negative else m, magnitude, st.booleans())
+
+
+def block_edge_lengths(*, max_len: int, blocks: tuple[int, ...] = (16, 32, 64, 128, 256)) -> st.SearchStrategy[int]:
+    """Lengths at every multiple of each block size up to ``max_len``, and one either side (0 and 1 too)."""
+    if max_len < 1:
+        raise InvalidArgument(f"max_len={max_len} must be at least 1")
+    edges = {0, 1} | {m + d for b in blocks for m in range(b, max_len + 2, b) for d in (-1, 0, 1)}
+    return st.sampled_from(sorted(n for n in edges if 0 <= n <= max_len))
+
+
+def _check_choices(name: str, chosen: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    if not chosen or any(c not in allowed for c in chosen):
+        raise InvalidArgument(f"{name}={chosen!r} must be a non-empty tuple drawn from {allowed}")
+
+
 @st.composite
 def decode_cases(
     draw,
@@ -56,14 +85,35 @@ def decode_cases(
     limits: SizeLimits = SizeLimits(),
     min_batch: int = 1,
     min_empty: int = 0,
-    layouts: tuple[str, ...] = PAGE_LAYOUTS,
-    values: tuple[str, ...] = tuple(VALUE_REGIMES),
+    layouts: tuple[str, ...] = DEFAULT_PAGE_LAYOUTS,
+    values: tuple[str, ...] = DEFAULT_REGIMES,
+    q_layouts: tuple[str, ...] = Q_LAYOUTS[:1],
+    kv_layouts: tuple[str, ...] = KV_LAYOUTS[:1],
+    index_layouts: tuple[str, ...] = INDEX_LAYOUTS[:1],
+    pool_fills: tuple[str, ...] = POOL_FILLS,
+    lengths: st.SearchStrategy[int] | None = None,
+    sm_scales: st.SearchStrategy[float | None] | None = None,
+    min_spare_pages: int = 0,
 ) -> DecodeCase:
-    """A ``DecodeCase`` within ``limits``, with at least ``min_empty`` empty sequences."""
+    """A ``DecodeCase`` within ``limits``, with at least ``min_empty`` empty sequences.
+
+    The tuples name the choices drawn for each descriptor field (the first is where
+    failures shrink to); ``lengths`` and ``sm_scales`` replace the default strategies
+    for one sequence's length and for sm_scale; ``min_spare_pages`` forces a large
+    pool (the maximum is ``limits.max_spare_pages``).
+    """
     if not 0 <= min_batch <= limits.max_batch or not 0 <= min_empty <= limits.max_batch:
         raise InvalidArgument(f"min_batch={min_batch} and min_empty={min_empty} must lie in [0, {limits.max_batch}]")
+    if not 0 <= min_spare_pages <= limits.max_spare_pages:
+        raise InvalidArgument(f"min_spare_pages={min_spare_pages} must lie in [0, {limits.max_spare_pages}]")
+    for name, chosen, allowed in (
+        ("layouts", layouts, PAGE_LAYOUTS), ("values", values, tuple(VALUE_REGIMES)),
+        ("q_layouts", q_layouts, Q_LAYOUTS), ("kv_layouts", kv_layouts, KV_LAYOUTS),
+        ("index_layouts", index_layouts, INDEX_LAYOUTS), ("pool_fills", pool_fills, POOL_FILLS),
+    ):
+        _check_choices(name, chosen, allowed)
     lengths = draw(
-        st.lists(sequence_lengths(max_len=limits.max_len), min_size=max(min_batch, min_empty),
+        st.lists(lengths or sequence_lengths(max_len=limits.max_len), min_size=max(min_batch, min_empty),
                  max_size=limits.max_batch),
     )
     if min_empty:
@@ -72,9 +122,12 @@ def decode_cases(
     return DecodeCase(
         lengths=tuple(lengths),
         layout=draw(st.sampled_from(layouts)),
-        spare_pages=draw(st.integers(0, limits.max_spare_pages)),
-        pool_fill=draw(st.sampled_from(POOL_FILLS)),
-        scale=draw(scales()),
+        spare_pages=draw(st.integers(min_spare_pages, limits.max_spare_pages)),
+        pool_fill=draw(st.sampled_from(pool_fills)),
+        scale=draw(sm_scales or scales()),
         values=draw(st.sampled_from(values)),
         seed=draw(st.integers(0, 2**32 - 1)),
+        q_layout=draw(st.sampled_from(q_layouts)),
+        kv_layout=draw(st.sampled_from(kv_layouts)),
+        index_layout=draw(st.sampled_from(index_layouts)),
     )

@@ -1,0 +1,115 @@
+"""Checks shared by the property files: run-and-compare, bitwise equality, untouched inputs, poisoned memory."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from hypothesis import settings
+
+from reference import Reference, assert_within_bound, attend
+
+from .cases import DecodeInputs
+
+OUTPUT_AXES = ("seq", "head", "dim")
+LSE_AXES = ("seq", "head")
+
+
+def share_of_examples(fraction: float, *, at_least: int = 5) -> settings:
+    """Settings running ``fraction`` of the active profile's examples: for properties that call the kernel often."""
+    return settings(max_examples=max(at_least, round(settings.default.max_examples * fraction)))
+
+
+def run_and_check(impl: Callable, inputs: DecodeInputs, context: str) -> tuple[torch.Tensor, torch.Tensor, Reference]:
+    """Run ``impl`` on ``inputs``; assert shapes, dtypes, device and values within the oracle's bound."""
+    __tracebackhide__ = True
+    output, lse = impl(*inputs)
+    assert_result_metadata(output, lse, inputs, context)
+    reference = attend(*inputs)
+    assert_within_bound(output, lse, reference, context=context)
+    return output, lse, reference
+
+
+def assert_result_metadata(output: torch.Tensor, lse: torch.Tensor, inputs: DecodeInputs, context: str) -> None:
+    """Output is [B, 32, 128] bfloat16 and lse [B, 32] float32, both on q's device."""
+    __tracebackhide__ = True
+    batch, device = inputs.q.shape[0], inputs.q.device
+    for name, tensor, shape, dtype in (
+        ("output", output, (batch, 32, 128), torch.bfloat16), ("lse", lse, (batch, 32), torch.float32),
+    ):
+        got = (tuple(tensor.shape), tensor.dtype, tensor.device)
+        assert got == (shape, dtype, device), f"{context}\n{name} is {got}, expected {(shape, dtype, device)}"
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bit patterns (NaN compares equal to the same NaN)."""
+    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    return tensor.detach().contiguous().view(integer)
+
+
+def bitwise_mismatch(actual: torch.Tensor, expected: torch.Tensor, name: str, axes: tuple[str, ...]) -> str:
+    """'' when shape, dtype and every bit agree, else a one-line report naming the first differing element."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return f"{name}: {list(actual.shape)} {actual.dtype}, expected {list(expected.shape)} {expected.dtype}"
+    differs = _bits(actual).cpu() != _bits(expected).cpu()
+    count = int(differs.sum())
+    if not count:
+        return ""
+    first = [int(i) for i in torch.nonzero(differs)[0]]
+    where = ", ".join(f"{axis}={i}" for axis, i in zip(axes, first))
+    got, want = actual.cpu()[tuple(first)].item(), expected.cpu()[tuple(first)].item()
+    return f"{name} differs in {count} / {differs.numel()} elements; first at ({where}): got {got!r}, expected {want!r}"
+
+
+def assert_same_result(actual: tuple[torch.Tensor, torch.Tensor], expected: tuple[torch.Tensor, torch.Tensor],
+                       context: str) -> None:
+    """Output and lse bit for bit equal."""
+    __tracebackhide__ = True
+    problems = [
+        bitwise_mismatch(actual[0], expected[0], "output", OUTPUT_AXES),
+        bitwise_mismatch(actual[1], expected[1], "lse", LSE_AXES),
+    ]
+    problems = [p for p in problems if p]
+    assert not problems, "\n".join([context, *problems])
+
+
+def _storage_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor a view was cut from (padding and gaps included)."""
+    return tensor._base if tensor._base is not None else tensor
+
+
+def snapshot(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
+    """Copies of every input tensor's whole storage, to compare after a call."""
+    return {
+        name: _storage_of(value).clone()
+        for name, value in inputs._asdict().items() if isinstance(value, torch.Tensor)
+    }
+
+
+def assert_unchanged(inputs: DecodeInputs, before: dict[str, torch.Tensor], context: str) -> None:
+    """Every input storage still holds the bits ``snapshot`` recorded."""
+    __tracebackhide__ = True
+    axes = ("i", "j", "k", "l", "m")
+    problems = [
+        bitwise_mismatch(_storage_of(getattr(inputs, name)), saved, f"{name} (whole storage)", axes)
+        for name, saved in before.items()
+    ]
+    problems = [p for p in problems if p]
+    assert not problems, "\n".join([context, "the call wrote into its inputs:", *problems])
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Fresh torch.empty memory is filled with NaN (floats) or the maximum (integers) inside the block."""
+    fill = torch.utils.deterministic
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_filling = fill.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)  # only the fill is wanted, not errors
+    fill.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        fill.fill_uninitialized_memory = was_filling
+        torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
