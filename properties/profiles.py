@@ -1,21 +1,43 @@
-"""Hypothesis profiles and case sizes, registered in one place.
+"""Hypothesis profiles, example databases and case sizes, registered in one place.
 
 Every profile names its parent explicitly: Hypothesis auto-loads its built-in
 ``ci`` profile when ``CI`` is set, and a profile registered without ``parent=``
 would inherit from whichever profile happens to be active.
+
+Example databases (environment variables):
+
+- ``GQA_DECODE_DATABASE_DIR``: the local directory database (default ``.hypothesis/examples``).
+- ``GQA_DECODE_REDIS_URL`` (``redis://host:port/db``): a database shared by several runner
+  hosts; examples are saved to and replayed from it as well as the local directory.
+- ``GQA_DECODE_NIGHTLY_REPO`` (``owner/repo``): the ``dev`` profile also replays, read-only,
+  the database that the nightly GPU workflow uploads as the artifact ``NIGHTLY_ARTIFACT``
+  (set ``GITHUB_TOKEN`` for a private repository), so a first local run replays nightly's
+  failures.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import (
+    DirectoryBasedExampleDatabase,
+    ExampleDatabase,
+    GitHubArtifactDatabase,
+    MultiplexedDatabase,
+    ReadOnlyDatabase,
+)
 
 from .strategies import SizeLimits
 
 DATABASE_DIR = Path(__file__).resolve().parent.parent / ".hypothesis" / "examples"
+DATABASE_DIR_ENV = "GQA_DECODE_DATABASE_DIR"
+REDIS_URL_ENV = "GQA_DECODE_REDIS_URL"
+NIGHTLY_REPO_ENV = "GQA_DECODE_NIGHTLY_REPO"
+NIGHTLY_ARTIFACT = "hypothesis-example-db"  # the name .github/workflows/nightly.yml uploads
+REDIS_KEY_PREFIX = b"gqa-decode:"
 
 # Sizes follow the device, not the profile, so that a database entry found by one
 # profile replays under another on the same kind of machine.
@@ -25,7 +47,7 @@ CASE_SIZES = {
 }
 
 PROFILE_DOCS = {
-    "dev": "local default: 40 examples, local example database",
+    "dev": "local default: 40 examples, local example database (+ nightly's, read-only, when named)",
     "ci": "CPU interpreter in CI: 40 examples, derandomized, no database",
     "gpu": "GPU box: 300 examples, local example database",
     "nightly": "nightly GPU job: 5000 examples, target-guided, local example database",
@@ -33,12 +55,44 @@ PROFILE_DOCS = {
 }
 
 
+def local_database() -> ExampleDatabase:
+    """The writable database: the local directory, plus Redis when ``GQA_DECODE_REDIS_URL`` is set."""
+    directory = DirectoryBasedExampleDatabase(os.environ.get(DATABASE_DIR_ENV) or str(DATABASE_DIR))
+    url = os.environ.get(REDIS_URL_ENV)
+    return MultiplexedDatabase(directory, redis_database(url)) if url else directory
+
+
+def redis_database(url: str) -> ExampleDatabase:
+    """A Redis example database (``hypothesis[redis]``); connects lazily, on first use."""
+    try:
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+    except ImportError as error:
+        raise ImportError(f"{REDIS_URL_ENV}={url!r} needs the redis client: pip install 'hypothesis[redis]'") from error
+    return RedisExampleDatabase(redis.Redis.from_url(url), key_prefix=REDIS_KEY_PREFIX)
+
+
+def nightly_database(repository: str) -> ExampleDatabase:
+    """Nightly's uploaded database, read-only: ``repository`` is ``owner/repo``."""
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repository):
+        raise ValueError(f"{NIGHTLY_REPO_ENV}={repository!r}: expected 'owner/repo'")
+    owner, repo = repository.split("/")
+    return ReadOnlyDatabase(GitHubArtifactDatabase(owner, repo, artifact_name=NIGHTLY_ARTIFACT))
+
+
+def dev_database() -> ExampleDatabase:
+    """The local database, multiplexed with nightly's read-only one when ``GQA_DECODE_NIGHTLY_REPO`` is set."""
+    repository = os.environ.get(NIGHTLY_REPO_ENV)
+    local = local_database()
+    return MultiplexedDatabase(local, nightly_database(repository)) if repository else local
+
+
 def register_profiles() -> None:
     """Register dev, ci, gpu, nightly and repro, each with the pristine default as parent."""
     base = settings.get_profile("default")
-    database = DirectoryBasedExampleDatabase(str(DATABASE_DIR))
+    database = local_database()
     common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("dev", parent=base, max_examples=40, database=database, **common)
+    settings.register_profile("dev", parent=base, max_examples=40, database=dev_database(), **common)
     settings.register_profile("ci", parent=base, max_examples=40, derandomize=True, database=None, **common)
     settings.register_profile("gpu", parent=base, max_examples=300, database=database, **common)
     settings.register_profile("nightly", parent=base, max_examples=5000, database=database, **common)

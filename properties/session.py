@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -16,11 +17,17 @@ from .strategies import SizeLimits
 
 @dataclass(frozen=True)
 class Session:
+    """What is under test and where, and where failures and reports go."""
+
     impl_spec: str
     impl: Callable
     device: torch.device
     sizes: str
     limits: SizeLimits
+    run_id: str = "local"
+    failures_dir: Path = Path("failures")
+    report_dir: Path | None = None  # None: no run report
+    worker: str | None = None  # the xdist worker id, None without xdist
 
 
 _current: Session | None = None

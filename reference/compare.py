@@ -8,7 +8,7 @@ import torch
 
 from .oracle import Reference
 
-__all__ = ["Mismatch", "check_against_reference", "assert_within_bound"]
+__all__ = ["Mismatch", "assert_within_bound", "check_against_reference", "error_ratio"]
 
 _OUTPUT_AXES = ("seq", "head", "dim")
 _LSE_AXES = ("seq", "head")
@@ -31,14 +31,20 @@ def _where(axes: tuple[str, ...], flat_index: int, shape: torch.Size) -> str:
     return ", ".join(f"{axis}={c}" for axis, c in zip(axes, reversed(coords)))
 
 
-def _compare(name: str, axes, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> Mismatch:
-    if actual.shape != expected.shape:
-        return Mismatch(name, float("inf"), f"{name}: shape {list(actual.shape)}, expected {list(expected.shape)}")
+def error_ratio(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Element-wise |actual - expected| and err / bound: NaN counts as infinite error, equal infinities as 0."""
     actual = actual.double().to(expected.device)
     same_inf = torch.isinf(expected) & (actual == expected)
     err = torch.where(same_inf, 0.0, (actual - expected).abs())
     err = torch.where(torch.isnan(err), torch.inf, err)  # NaN never passes
-    ratio = torch.where(err == 0, 0.0, err / bound)
+    return err, torch.where(err == 0, 0.0, err / bound)
+
+
+def _compare(name: str, axes, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> Mismatch:
+    if actual.shape != expected.shape:
+        return Mismatch(name, float("inf"), f"{name}: shape {list(actual.shape)}, expected {list(expected.shape)}")
+    actual = actual.double().to(expected.device)
+    err, ratio = error_ratio(actual, expected, bound)
     bad = ratio > 1
     worst = int(ratio.argmax()) if ratio.numel() else 0
     worst_ratio = float(ratio.flatten()[worst]) if ratio.numel() else 0.0

@@ -1,0 +1,216 @@
+"""xdist workers on GPUs, and Hypothesis properties split into shards.
+
+GPUs: on a GPU host ``-n auto`` starts one worker per visible GPU (``--workers-per-gpu``
+for more). The controller counts the GPUs and exports their ids; each worker, when
+conftest.py is imported and before anything touches CUDA, claims a free slot (a lock
+file held for the life of the process, so a worker that replaces a crashed one takes
+over the dead worker's GPU) and pins itself there with ``CUDA_VISIBLE_DEVICES``. Each
+slot has its own ``TRITON_CACHE_DIR`` (concurrent writers of one Triton cache race).
+
+Shards: a ``@given`` test is one pytest item and xdist spreads items, never examples.
+Each property in ``properties/`` is therefore parametrized into shards (one per worker
+by default); a shard runs its share of the examples with its own seed, so shards
+explore different examples even under a derandomized profile.
+
+Nothing here imports torch at module level: it runs before the worker is pinned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
+SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
+WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
+
+__all__ = [
+    "Pin", "Shard", "auto_worker_count", "claim_slot", "export_gpus", "pin_this_worker", "shard_count",
+    "shard_settings", "sharded",
+]
+
+
+# ---- GPU pinning ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pin:
+    """Where one xdist worker runs: a GPU id (as CUDA_VISIBLE_DEVICES names it) and its slot name."""
+
+    gpu: str | None
+    slot: str
+
+
+_held_slot_lock: int | None = None  # the claimed slot's lock file, open for the life of the worker
+
+
+def visible_gpu_ids(count: int) -> list[str]:
+    """Ids of the ``count`` GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` would name them."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        return [gpu.strip() for gpu in visible.split(",") if gpu.strip()][:count]
+    return [str(index) for index in range(count)]
+
+
+def export_gpus(gpu_ids: list[str], workers_per_gpu: int) -> Path:
+    """Controller side: tell the workers (through their inherited environment) which GPUs to share."""
+    slots_dir = Path(tempfile.mkdtemp(prefix="gqa-decode-gpu-slots-"))
+    os.environ[GPU_IDS_ENV] = ",".join(gpu_ids)
+    os.environ[WORKERS_PER_GPU_ENV] = str(workers_per_gpu)
+    os.environ[SLOTS_DIR_ENV] = str(slots_dir)
+    return slots_dir
+
+
+def _worker_number(worker: str) -> int:
+    digits = re.sub(r"\D", "", worker)
+    return int(digits) if digits else 0
+
+
+def _try_lock(path: Path) -> int | None:
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+def claim_slot(worker: str, gpu_ids: list[str], workers_per_gpu: int, slots_dir: Path | None) -> Pin:
+    """Pick this worker's GPU: its own slot if free, else the next free one, else share round-robin.
+
+    Slots are ordered GPU-first (gpu0, gpu1, ..., then each GPU's second slot), so
+    ``gw0, gw1, ...`` spread over the GPUs before doubling up. A lock file per slot,
+    held until the process exits, lets a replacement worker find the GPU a crashed
+    worker left free.
+    """
+    global _held_slot_lock
+    if not gpu_ids:
+        raise ValueError(f"{GPU_IDS_ENV} names no GPU")
+    slots = [(gpu, copy) for copy in range(workers_per_gpu) for gpu in gpu_ids]
+    start = _worker_number(worker) % len(slots)
+    order = slots[start:] + slots[:start]
+    if slots_dir is not None:
+        for gpu, copy in order:
+            descriptor = _try_lock(slots_dir / f"gpu{gpu}-{copy}.lock")
+            if descriptor is not None:
+                _held_slot_lock = descriptor
+                return Pin(gpu=gpu, slot=f"gpu{gpu}-{copy}")
+    gpu, _ = order[0]  # more workers than slots (an explicit -n): share
+    return Pin(gpu=gpu, slot=f"gpu{gpu}-{worker}")
+
+
+def _own_triton_cache(slot: str) -> None:
+    base = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    os.environ["TRITON_CACHE_DIR"] = str(base / f"xdist-{slot}")
+
+
+def pin_this_worker() -> Pin | None:
+    """Worker side, at conftest import: pin to a GPU and give the worker its own Triton cache.
+
+    Returns None outside an xdist worker. Must run before torch initialises CUDA.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return None
+    gpu_ids = [gpu for gpu in os.environ.get(GPU_IDS_ENV, "").split(",") if gpu]
+    if not gpu_ids:
+        pin = Pin(gpu=None, slot=worker)
+    else:
+        slots_dir = os.environ.get(SLOTS_DIR_ENV)
+        pin = claim_slot(
+            worker, gpu_ids, int(os.environ.get(WORKERS_PER_GPU_ENV, "1")), Path(slots_dir) if slots_dir else None
+        )
+        os.environ["CUDA_VISIBLE_DEVICES"] = pin.gpu
+    _own_triton_cache(pin.slot)
+    return pin
+
+
+def auto_worker_count(device_choice: str, workers_per_gpu: int) -> int | None:
+    """What ``-n auto`` means: workers_per_gpu per visible GPU; None (xdist's core count) without CUDA.
+
+    Runs in the controller only, which runs no test, so initialising CUDA there is harmless.
+    """
+    if device_choice == "cpu":
+        return None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count * workers_per_gpu if count else None
+
+
+# ---- shards ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` (from 0) of ``count``."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"shard{self.index + 1}of{self.count}"
+
+
+def shard_count(option: str | int) -> int:
+    """``--shards``: a positive number, or ``auto`` for one shard per xdist worker (1 without xdist)."""
+    if option == "auto":
+        return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    try:
+        count = int(option)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"--shards={option!r}: expected a positive number or 'auto'")
+    return count
+
+
+def _seed(test_id: str, shard: Shard | None, forced_seed: object) -> int:
+    text = f"{test_id}|{shard}|{forced_seed}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def shard_settings(own, *, shard: Shard | None, profile_max_examples: int, max_examples: int | None):
+    """The settings one shard runs under: its share of the test's examples (rescaled by ``--max-examples``)."""
+    from hypothesis import settings
+
+    wanted = own.max_examples
+    if max_examples is not None:
+        wanted = max(1, round(own.max_examples * max_examples / max(profile_max_examples, 1)))
+    count = shard.count if shard else 1
+    return settings(own, max_examples=max(1, math.ceil(wanted / count)))
+
+
+@contextlib.contextmanager
+def sharded(
+    test, test_id: str, *, shard: Shard | None, profile_max_examples: int, max_examples: int | None,
+    forced_seed: object = None,
+) -> Iterator[None]:
+    """Run a ``@given`` test as one shard: its share of examples and, where runs are
+    reproducible (derandomized profile or ``--hypothesis-seed``), a seed of its own.
+
+    ``test`` is the function Hypothesis wrapped; its settings are restored afterwards.
+    """
+    function = getattr(test, "__func__", test)
+    own = function._hypothesis_internal_use_settings
+    saved_seed = function._hypothesis_internal_use_seed
+    function._hypothesis_internal_use_settings = shard_settings(
+        own, shard=shard, profile_max_examples=profile_max_examples, max_examples=max_examples
+    )
+    if shard is not None and saved_seed is None and (own.derandomize or forced_seed is not None):
+        # Otherwise every shard would draw the same examples from the same seed.
+        function._hypothesis_internal_use_seed = _seed(test_id, shard, forced_seed)
+    try:
+        yield
+    finally:
+        function._hypothesis_internal_use_settings = own
+        function._hypothesis_internal_use_seed = saved_seed
