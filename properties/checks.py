@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import torch
 from hypothesis import settings
@@ -11,6 +12,7 @@ from hypothesis import settings
 from reference import Reference, assert_within_bound, attend
 
 from .cases import DecodeInputs
+from .strategies import SizeLimits
 
 OUTPUT_AXES = ("seq", "head", "dim")
 LSE_AXES = ("seq", "head")
@@ -113,3 +115,8 @@ def poisoned_allocations() -> Iterator[None]:
     finally:
         fill.fill_uninitialized_memory = was_filling
         torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+
+
+def shorter(limits: SizeLimits) -> SizeLimits:
+    """Half the longest sequence (at least two kernel blocks), for properties that run several calls per case."""
+    return replace(limits, max_len=max(limits.max_len // 2, 129))

@@ -112,10 +112,8 @@ def decode_cases(
         ("index_layouts", index_layouts, INDEX_LAYOUTS), ("pool_fills", pool_fills, POOL_FILLS),
     ):
         _check_choices(name, chosen, allowed)
-    lengths = draw(
-        st.lists(lengths or sequence_lengths(max_len=limits.max_len), min_size=max(min_batch, min_empty),
-                 max_size=limits.max_batch),
-    )
+    one_length = sequence_lengths(max_len=limits.max_len) if lengths is None else lengths
+    lengths = draw(st.lists(one_length, min_size=max(min_batch, min_empty), max_size=limits.max_batch))
     if min_empty:
         empty = draw(st.sets(st.integers(0, len(lengths) - 1), min_size=min_empty, max_size=min_empty))
         lengths = [0 if i in empty else n for i, n in enumerate(lengths)]
@@ -124,7 +122,7 @@ def decode_cases(
         layout=draw(st.sampled_from(layouts)),
         spare_pages=draw(st.integers(min_spare_pages, limits.max_spare_pages)),
         pool_fill=draw(st.sampled_from(pool_fills)),
-        scale=draw(sm_scales or scales()),
+        scale=draw(scales() if sm_scales is None else sm_scales),
         values=draw(st.sampled_from(values)),
         seed=draw(st.integers(0, 2**32 - 1)),
         q_layout=draw(st.sampled_from(q_layouts)),

@@ -9,8 +9,6 @@ batch shape).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
@@ -25,6 +23,7 @@ from .checks import (
     poisoned_allocations,
     run_and_check,
     share_of_examples,
+    shorter,
     snapshot,
 )
 from .session import current
@@ -32,8 +31,7 @@ from .strategies import decode_cases
 from .transforms import copy_queries_within_groups, reference_rows, relabel_pages, single_sequence
 
 LIMITS = current().limits
-# Each example here runs the kernel two or more times: shorter sequences keep the interpreter quick.
-SHORT = replace(LIMITS, max_len=min(LIMITS.max_len, 160))
+SHORT = shorter(LIMITS)
 
 
 @share_of_examples(0.5)

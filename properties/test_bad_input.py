@@ -1,0 +1,158 @@
+"""The bad-input contract: a valid call with one thing broken raises a clear error, and the next call works.
+
+``TypeError`` for a wrong type or dtype, ``ValueError`` for everything else (shape,
+device, indices, scale); the message names the argument. Nothing may launch on
+bad input: an out-of-range page id read on a GPU poisons the CUDA context, which
+the valid call made right after would reveal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import pytest
+import torch
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
+
+from .cases import DecodeCase, DecodeInputs, build
+from .checks import run_and_check
+from .strategies import SizeLimits, decode_cases
+
+# Validation does not depend on sizes: small cases keep the two calls per example cheap.
+LIMITS = SizeLimits(max_batch=3, max_len=40, max_spare_pages=8)
+INT32_MAX = 2**31 - 1
+
+
+class Corruption(NamedTuple):
+    """One way to break a valid call: the broken arguments, the error expected, the names it may cite."""
+
+    apply: Callable[[DecodeInputs, torch.Generator], DecodeInputs]
+    error: type[Exception]
+    names: tuple[str, ...]
+    applies: Callable[[DecodeInputs], bool] = lambda inputs: True
+
+
+def _pick(gen: torch.Generator, count: int) -> int:
+    return int(torch.randint(0, count, (1,), generator=gen))
+
+
+def _other_device(device: torch.device) -> torch.device:
+    return torch.device("cpu") if device.type == "cuda" else torch.device("meta")
+
+
+def _set_page(inputs: DecodeInputs, gen: torch.Generator, page: int) -> DecodeInputs:
+    indices = inputs.kv_indices.clone()
+    indices[_pick(gen, indices.numel())] = page
+    return inputs._replace(kv_indices=indices)
+
+
+def _set_indptr(inputs: DecodeInputs, position: int, value: int) -> DecodeInputs:
+    indptr = inputs.kv_indptr.clone()
+    indptr[position] = value
+    return inputs._replace(kv_indptr=indptr)
+
+
+def _move(name: str) -> Callable[[DecodeInputs, torch.Generator], DecodeInputs]:
+    return lambda inputs, gen: inputs._replace(**{name: getattr(inputs, name).to(_other_device(inputs.q.device))})
+
+
+def _has_pages(inputs: DecodeInputs) -> bool:
+    return inputs.kv_indices.numel() > 0
+
+
+def _pool_size(inputs: DecodeInputs) -> int:
+    return inputs.k_cache.shape[0]
+
+
+CORRUPTIONS: dict[str, Corruption] = {
+    # wrong dtype or type: TypeError
+    "q_float16": Corruption(lambda x, g: x._replace(q=x.q.half()), TypeError, ("q",)),
+    "q_float32": Corruption(lambda x, g: x._replace(q=x.q.float()), TypeError, ("q",)),
+    "q_numpy": Corruption(lambda x, g: x._replace(q=x.q.float().cpu().numpy()), TypeError, ("q",)),
+    "k_cache_float16": Corruption(lambda x, g: x._replace(k_cache=x.k_cache.half()), TypeError, ("k_cache",)),
+    "v_cache_float32": Corruption(lambda x, g: x._replace(v_cache=x.v_cache.float()), TypeError, ("v_cache",)),
+    "kv_indptr_float": Corruption(lambda x, g: x._replace(kv_indptr=x.kv_indptr.float()), TypeError, ("kv_indptr",)),
+    "kv_indices_int16": Corruption(
+        lambda x, g: x._replace(kv_indices=x.kv_indices.to(torch.int16)), TypeError, ("kv_indices",)),
+    "sm_scale_string": Corruption(lambda x, g: x._replace(sm_scale="0.1"), TypeError, ("sm_scale",)),
+    # wrong shape: ValueError
+    "q_16_heads": Corruption(lambda x, g: x._replace(q=x.q[:, :16]), ValueError, ("q",)),
+    "q_head_dim_64": Corruption(lambda x, g: x._replace(q=x.q[..., :64]), ValueError, ("q",)),
+    "q_extra_dim": Corruption(lambda x, g: x._replace(q=x.q[None]), ValueError, ("q",)),
+    "k_cache_page_size_2": Corruption(
+        lambda x, g: x._replace(k_cache=torch.cat([x.k_cache, x.k_cache], 1)), ValueError, ("k_cache",)),
+    "k_cache_8_heads": Corruption(
+        lambda x, g: x._replace(k_cache=torch.cat([x.k_cache, x.k_cache], 2)), ValueError, ("k_cache",)),
+    "v_cache_other_pool_size": Corruption(
+        lambda x, g: x._replace(v_cache=torch.cat([x.v_cache, x.v_cache[:1]])), ValueError, ("v_cache",),
+        applies=lambda x: _pool_size(x) > 0),
+    "kv_indptr_short": Corruption(lambda x, g: x._replace(kv_indptr=x.kv_indptr[:-1]), ValueError, ("kv_indptr",)),
+    "kv_indices_2d": Corruption(lambda x, g: x._replace(kv_indices=x.kv_indices[None]), ValueError, ("kv_indices",)),
+    # wrong device: ValueError
+    **{f"{name}_other_device": Corruption(_move(name), ValueError, (name, "q"))
+       for name in ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")},
+    # inconsistent indices: ValueError
+    "page_id_equal_to_pool_size": Corruption(
+        lambda x, g: _set_page(x, g, _pool_size(x)), ValueError, ("kv_indices",), applies=_has_pages),
+    "page_id_int32_max": Corruption(
+        lambda x, g: _set_page(x, g, INT32_MAX), ValueError, ("kv_indices",), applies=_has_pages),
+    "page_id_negative": Corruption(lambda x, g: _set_page(x, g, -1), ValueError, ("kv_indices",), applies=_has_pages),
+    "page_id_int32_min": Corruption(
+        lambda x, g: _set_page(x, g, -INT32_MAX - 1), ValueError, ("kv_indices",), applies=_has_pages),
+    "kv_indptr_not_monotonic": Corruption(  # an inner boundary past the end: the next sequence has negative length
+        lambda x, g: _set_indptr(x, 1 + _pick(g, x.kv_indptr.numel() - 2), x.kv_indices.numel() + 1),
+        ValueError, ("kv_indptr",), applies=lambda x: x.kv_indptr.numel() >= 3),
+    "kv_indptr_not_starting_at_0": Corruption(
+        lambda x, g: x._replace(kv_indptr=x.kv_indptr + 1), ValueError, ("kv_indptr",)),
+    "kv_indptr_past_kv_indices": Corruption(
+        lambda x, g: _set_indptr(x, -1, x.kv_indices.numel() + 1), ValueError, ("kv_indptr", "kv_indices"),
+        applies=lambda x: x.kv_indptr.numel() >= 2),
+    "kv_indices_longer_than_kv_indptr_says": Corruption(
+        lambda x, g: x._replace(kv_indices=torch.cat([x.kv_indices, x.kv_indices.new_zeros(1)])),
+        ValueError, ("kv_indptr", "kv_indices"), applies=lambda x: _pool_size(x) > 0),
+    # bad scale: ValueError
+    "sm_scale_nan": Corruption(lambda x, g: x._replace(sm_scale=math.nan), ValueError, ("sm_scale",)),
+    "sm_scale_inf": Corruption(lambda x, g: x._replace(sm_scale=-math.inf), ValueError, ("sm_scale",)),
+    "sm_scale_beyond_float32": Corruption(lambda x, g: x._replace(sm_scale=1e39), ValueError, ("sm_scale",)),
+}
+
+
+@given(
+    case=decode_cases(limits=LIMITS, min_batch=0),
+    corruption=st.sampled_from(sorted(CORRUPTIONS)),
+    where=st.integers(0, 2**32 - 1),
+)
+# The seed validated no page id: on a GPU an out-of-range one is an illegal memory access.
+@example(case=DecodeCase(lengths=(3,), spare_pages=2), corruption="page_id_equal_to_pool_size", where=0)
+@example(case=DecodeCase(lengths=(3,)), corruption="page_id_negative", where=0)
+# The seed checked neither dtypes nor kv_indptr's order.
+@example(case=DecodeCase(lengths=(1,)), corruption="q_float16", where=0)
+@example(case=DecodeCase(lengths=(2, 2)), corruption="kv_indptr_not_monotonic", where=0)
+@example(case=DecodeCase(lengths=(2,)), corruption="sm_scale_nan", where=0)
+def test_bad_input_raises_a_clear_error_and_the_next_call_works(impl, device, case, corruption, where):
+    inputs = build(case, device)
+    assume(CORRUPTIONS[corruption].applies(inputs))
+    assert_rejected(impl, inputs, corruption, where, f"case {case}")
+    run_and_check(impl, inputs, f"case {case}: the valid call after {corruption}")
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_each_corruption_is_rejected(impl, device, corruption):
+    """Every entry of the table, once (the property above samples them)."""
+    case = DecodeCase(lengths=(2, 0, 3), spare_pages=1)
+    assert_rejected(impl, build(case, device), corruption, 0, f"case {case}")
+
+
+def assert_rejected(impl, inputs: DecodeInputs, corruption: str, where: int, context: str) -> None:
+    """The call broken by ``corruption`` raises its error, and the message names one of its arguments."""
+    __tracebackhide__ = True
+    broken = CORRUPTIONS[corruption]
+    with pytest.raises(broken.error) as raised:
+        impl(*broken.apply(inputs, torch.Generator().manual_seed(where)))
+    message = str(raised.value)
+    assert any(name in message for name in broken.names), (
+        f"{context}, {corruption}: the error names none of {broken.names}: {message!r}"
+    )

@@ -1,0 +1,36 @@
+"""Memory layouts: sliced, strided and combined inputs give the right answer or a clear error.
+
+Padding and gaps in the storage behind each view hold NaN (or an in-range wrong
+page id for index tensors), so a kernel that assumes a stride reads junk.
+"""
+
+from __future__ import annotations
+
+from hypothesis import example, given, note
+
+from .cases import INDEX_LAYOUTS, KV_LAYOUTS, Q_LAYOUTS, DecodeCase, build
+from .checks import run_and_check, shorter
+from .session import current
+from .strategies import decode_cases
+
+LIMITS = shorter(current().limits)
+ARGUMENTS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")
+
+
+@given(case=decode_cases(limits=LIMITS, q_layouts=Q_LAYOUTS, kv_layouts=KV_LAYOUTS, index_layouts=INDEX_LAYOUTS))
+# The seed assumed a unit last-dimension stride in q, K and V: every other element is junk here.
+@example(case=DecodeCase(lengths=(2,), q_layout="strided_dim"))
+@example(case=DecodeCase(lengths=(2,), kv_layout="padded_dim"))
+@example(case=DecodeCase(lengths=(2,), kv_layout="dim_outer"))
+# The seed's output = torch.empty_like(q) copies a dense q's strides; its kernel then writes as if contiguous.
+@example(case=DecodeCase(lengths=(2,), q_layout="dim_outer"))
+# A slice of a fused QKV projection and one K/V buffer: batch and page strides other than the plain ones.
+@example(case=DecodeCase(lengths=(2, 3), q_layout="fused_qkv", kv_layout="combined"))
+@example(case=DecodeCase(lengths=(2, 3), index_layout="int64_strided"))
+def test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error(impl, device, case):
+    inputs = build(case, device)
+    try:
+        run_and_check(impl, inputs, f"case {case}")
+    except (TypeError, ValueError) as error:  # refusing a layout is allowed, if the error says which input
+        assert any(name in str(error) for name in ARGUMENTS), f"case {case}: unclear error {error!r}"
+        note(f"refused: {error}")
