@@ -6,8 +6,9 @@ h // GROUP; the dots run once per KV head with the other heads' rows zeroed.
 
 Differences from the seed kernel (each a defect the property suite finds in it):
 addresses are computed in int64 (``page_id * stride`` overflows int32 once page
-ids reach 2**22), and every stride is read, the last dimension's included, so
-sliced and strided inputs give the right answer.
+ids reach 2**22; a head- or dim-major pool of millions of pages overflows it in
+``head * stride`` or ``dim * stride`` too), and every stride is read, the last
+dimension's included, so sliced and strided inputs give the right answer.
 """
 
 import triton
@@ -37,8 +38,9 @@ def gqa_paged_decode_kernel(
     page_start = tl.load(kv_indptr_ptr + seq).to(tl.int64)
     seq_len = tl.load(kv_indptr_ptr + seq + 1).to(tl.int64) - page_start
 
-    offs_h = tl.arange(0, NUM_QO_HEADS)
-    offs_d = tl.arange(0, HEAD_DIM)
+    # int64 offsets make every address product int64, whatever the strides' types.
+    offs_h = tl.arange(0, NUM_QO_HEADS).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM).to(tl.int64)
     kv_head_of_q = offs_h // GROUP
     out_ptrs = output_ptr + seq * stride_o_b + offs_h[:, None] * stride_o_h + offs_d[None, :] * stride_o_d
     lse_ptrs = lse_ptr + seq * stride_lse_b + offs_h * stride_lse_h
@@ -64,7 +66,8 @@ def gqa_paged_decode_kernel(
         scores = tl.zeros([NUM_QO_HEADS, BLOCK_N], dtype=tl.float32)
         for g in range(NUM_KV_HEADS):
             k = tl.load(
-                k_cache_ptr + page[:, None] * stride_k_page + g * stride_k_head + offs_d[None, :] * stride_k_d,
+                k_cache_ptr + page[:, None] * stride_k_page + tl.cast(g, tl.int64) * stride_k_head
+                + offs_d[None, :] * stride_k_d,
                 mask=in_seq[:, None], other=0.0,
             )
             q_g = tl.where((kv_head_of_q == g)[:, None], q, 0.0)
@@ -79,7 +82,8 @@ def gqa_paged_decode_kernel(
         p_bf16 = p.to(tl.bfloat16)
         for g in range(NUM_KV_HEADS):
             v = tl.load(
-                v_cache_ptr + page[:, None] * stride_v_page + g * stride_v_head + offs_d[None, :] * stride_v_d,
+                v_cache_ptr + page[:, None] * stride_v_page + tl.cast(g, tl.int64) * stride_v_head
+                + offs_d[None, :] * stride_v_d,
                 mask=in_seq[:, None], other=0.0,
             )
             p_g = tl.where((kv_head_of_q == g)[:, None], p_bf16, 0.0)

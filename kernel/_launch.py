@@ -45,9 +45,9 @@ def _check_devices(tensors: dict[str, torch.Tensor]) -> torch.device:
     for name, tensor in tensors.items():
         if tensor.device != device:
             raise ValueError(f"{name} is on {tensor.device} but q is on {device}; all inputs must share a device")
-    if device.type != "cuda" and not _interpreting():
-        raise ValueError(f"q is on {device}: the kernel needs CUDA tensors, or TRITON_INTERPRET=1 for CPU tensors")
-    return device
+    if device.type == "cuda" or (device.type == "cpu" and _interpreting()):
+        return device
+    raise ValueError(f"q is on {device}: the kernel needs CUDA tensors, or TRITON_INTERPRET=1 for CPU tensors")
 
 
 def _check_indices(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_pages: int) -> None:
@@ -87,6 +87,9 @@ def _check_scale(sm_scale) -> float:
         raise TypeError(f"sm_scale must be a real number or None, got {type(sm_scale).__name__}")
     if not math.isfinite(sm_scale):
         raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    # The kernel takes it as float32: a larger finite double would arrive as inf.
+    if not math.isfinite(float(torch.tensor(float(sm_scale), dtype=torch.float32))):
+        raise ValueError(f"sm_scale={sm_scale} is outside the float32 range the kernel computes in")
     return float(sm_scale)
 
 
