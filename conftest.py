@@ -206,6 +206,21 @@ def hypothesis_shard(request: pytest.FixtureRequest):
         yield shard
 
 
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Shards share their property's example-database key, so an example saved by any shard, under
+    any shard count, replays in every later run (Hypothesis keys parametrized items by node id)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "hypothesis_shard" in callspec.params:
+        inner = item.obj.hypothesis.inner_test
+        name = run_report.property_name(item.nodeid)
+        if "[" in name:  # parametrized apart from the shard: keep that part of the key
+            inner._hypothesis_internal_add_digest = name.encode()
+        elif hasattr(inner, "_hypothesis_internal_add_digest"):
+            del inner._hypothesis_internal_add_digest
+    yield
+
+
 # ---- case files, crash containment, run report -------------------------------------------------
 
 
@@ -248,7 +263,7 @@ def _record_failure(item: pytest.Item, call: pytest.CallInfo, report: pytest.Tes
     sticky = containment.is_sticky_cuda_error(error)
     if sticky and current.worker:
         containment.contain(error, save=_save_after_fault, in_worker=True)  # does not return
-    hypothesis_output = "\n".join(getattr(item, "hypothesis_report_information", []))
+    hypothesis_output = str(getattr(item, "hypothesis_report_information", ""))
     path = _save_case(call.excinfo.exconly(), hypothesis_output=hypothesis_output, device_readable=not sticky)
     report.sections.append(("gqa-decode case file", f"{path}\nreplay: {failures.replay_command(path)}"))
     if sticky:
@@ -262,7 +277,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when == "call" and report.failed and failures.recorder.used:
         _record_failure(item, call, report)
     current = suite.current()
-    if call.when == "teardown" and current.report_dir is not None:
+    if call.when == "teardown" and current.report_dir is not None and _in_property_suite(item.path):
         seconds = time.perf_counter() - getattr(item, "gqa_started", time.perf_counter())
         run_report.flush(current.report_dir, current.worker or "main", seconds)
 

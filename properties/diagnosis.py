@@ -109,6 +109,10 @@ def _heads_in_words(heads: list[int]) -> str:
     return text + (f" (all of KV head(s) {ranges(whole)})" if whole else "")
 
 
+def _times(ratio: float) -> str:
+    return f"{ratio:.3g}x the bound" if ratio != float("inf") else "the result must be exact here"
+
+
 def _sequence_lines(seq: int, length: int, out_ratio, lse_ratio, output, lse, reference) -> list[str]:
     lines = [f"seq {seq} ({length} tokens):"]
     off = out_ratio > 1
@@ -123,14 +127,14 @@ def _sequence_lines(seq: int, length: int, out_ratio, lse_ratio, output, lse, re
         lines.append(
             f"    worst at head {head} dim {dim}: got {float(output[head, dim]):.6g}, expected "
             f"{float(reference.output[seq, head, dim]):.6g}, bound {float(reference.output_bound[seq, head, dim]):.3g}"
-            f" ({float(out_ratio[head, dim]):.3g}x the bound)"
+            f" ({_times(float(out_ratio[head, dim]))})"
         )
     lse_off = lse_ratio > 1
     if bool(lse_off.any()):
         head = int(lse_ratio.argmax())
         lines.append(f"  lse: {_heads_in_words(sorted(torch.nonzero(lse_off)[:, 0].tolist()))} off; worst head {head}:"
                      f" got {float(lse[head]):.6g}, expected {float(reference.lse[seq, head]):.6g}, bound "
-                     f"{float(reference.lse_bound[seq, head]):.3g} ({float(lse_ratio[head]):.3g}x)")
+                     f"{float(reference.lse_bound[seq, head]):.3g} ({_times(float(lse_ratio[head]))})")
     return lines
 
 
@@ -185,6 +189,7 @@ def write_heatmap(path: Path, out_ratio: torch.Tensor, lse_ratio: torch.Tensor, 
     right.set_title("lse: log10(err / bound)")
     right.set_xlabel("head")
     right.set_ylabel("seq")
+    right.set_yticks(range(batch))
     figure.colorbar(image, ax=[left, right], shrink=0.8, label="log10(err/bound); > 0 is outside")
     figure.suptitle(title[:150])
     figure.savefig(path, dpi=80)

@@ -118,8 +118,8 @@ def versions() -> dict[str, str]:
         triton_version = triton.__version__
     except ImportError:
         triton_version = "not installed"
-    return {"python": platform.python_version(), "torch": torch.__version__, "triton": triton_version,
-            "hypothesis": hypothesis.__version__}
+    return {"python": platform.python_version(), "torch": str(torch.__version__), "triton": str(triton_version),
+            "hypothesis": str(hypothesis.__version__)}
 
 
 def device_name(device: torch.device) -> str:
@@ -137,6 +137,7 @@ def _case_fields(case: Any) -> dict | None:
 
 
 def _rebuilt_calls(case: Any) -> list[dict]:
+    """The case's inputs built on the CPU (for noise-filled pools, the junk differs from the device's)."""
     from .cases import build
 
     builder = getattr(build, "__wrapped__", build)  # not recorded: this is no test's build
@@ -144,16 +145,16 @@ def _rebuilt_calls(case: Any) -> list[dict]:
     return [{"args": [_portable(value) for value in inputs], "kwargs": {}}]
 
 
-def _recorded_calls(device_readable: bool) -> tuple[list[dict], str]:
-    if device_readable and recorder.calls:
+def _recorded_calls(record: Recorder, device_readable: bool) -> tuple[list[dict], str]:
+    if device_readable and record.calls:
         try:
             calls = [{"args": [_portable(a) for a in args], "kwargs": {k: _portable(v) for k, v in kwargs.items()}}
-                     for args, kwargs in recorder.calls]
+                     for args, kwargs in record.calls]
             return calls, "the implementation's recorded calls"
         except RuntimeError:  # device memory unreadable (a sticky CUDA error)
             pass
-    if recorder.case is not None:
-        return _rebuilt_calls(recorder.case), "rebuilt on cpu from the case (device memory was unreadable)"
+    if record.case is not None:
+        return _rebuilt_calls(record.case), "rebuilt on cpu from the case (device memory was unreadable)"
     return [], "none recorded"
 
 
@@ -165,12 +166,16 @@ def _file_name(nodeid: str) -> str:
 
 def save_case(
     directory: Path, *, error: str, impl_spec: str, device: torch.device, profile: str, run_id: str,
-    hypothesis_output: str = "", device_readable: bool = True,
+    hypothesis_output: str = "", device_readable: bool = True, source: Recorder | None = None,
 ) -> Path:
-    """Write the recorded example of the running test as a case file; return its path."""
+    """Write the example ``source`` (default: the running test's recorder) recorded as a case file.
+
+    ``device_readable=False`` after a sticky CUDA error: the inputs are then rebuilt on the CPU.
+    """
+    record = source or recorder
     directory.mkdir(parents=True, exist_ok=True)
-    nodeid = recorder.nodeid or "unknown"
-    calls, source = _recorded_calls(device_readable)
+    nodeid = record.nodeid or "unknown"
+    calls, source_text = _recorded_calls(record, device_readable)
     payload = {
         "format": FORMAT,
         "nodeid": nodeid,
@@ -183,10 +188,10 @@ def save_case(
         "profile": profile,
         "run_id": run_id,
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
-        "case_repr": repr(recorder.case) if recorder.case is not None else None,
-        "case_fields": _case_fields(recorder.case),
+        "case_repr": repr(record.case) if record.case is not None else None,
+        "case_fields": _case_fields(record.case),
         "calls": calls,
-        "calls_source": source,
+        "calls_source": source_text,
     }
     path = directory / _file_name(nodeid)
     torch.save(payload, path)

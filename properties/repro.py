@@ -53,7 +53,7 @@ def _header(payload: dict, device, impl_spec: str) -> list[str]:
     return [
         f"property : {payload['nodeid']}",
         f"case     : {payload.get('case_repr') or 'not built from a DecodeCase'}",
-        f"found on : {payload['device_name']} ({payload['device']}), profile {payload['profile']}, "
+        f"found on : {payload['device_name']}, profile {payload['profile']}, "
         f"{payload['created']}",
         f"impl     : {payload['impl']}" + (f" (replaying {impl_spec})" if impl_spec != payload["impl"] else ""),
         f"replay on: {device_name(device)}" + (f"; versions differ: {', '.join(changed)}" if changed else ""),

@@ -33,7 +33,7 @@ SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
 __all__ = [
-    "Pin", "Shard", "auto_worker_count", "claim_slot", "export_gpus", "pin_this_worker", "shard_count",
+    "Pin", "Shard", "auto_worker_count", "claim_slot", "export_gpus", "pin_this_worker", "release_slots", "shard_count",
     "shard_settings", "sharded",
 ]
 
@@ -49,7 +49,13 @@ class Pin:
     slot: str
 
 
-_held_slot_lock: int | None = None  # the claimed slot's lock file, open for the life of the worker
+_held_slot_locks: list[int] = []  # claimed slots' lock files, open for the life of the worker
+
+
+def release_slots() -> None:
+    """Close the claimed slots' lock files (a worker never needs to: its exit releases them)."""
+    while _held_slot_locks:
+        os.close(_held_slot_locks.pop())
 
 
 def visible_gpu_ids(count: int) -> list[str]:
@@ -92,7 +98,6 @@ def claim_slot(worker: str, gpu_ids: list[str], workers_per_gpu: int, slots_dir:
     held until the process exits, lets a replacement worker find the GPU a crashed
     worker left free.
     """
-    global _held_slot_lock
     if not gpu_ids:
         raise ValueError(f"{GPU_IDS_ENV} names no GPU")
     slots = [(gpu, copy) for copy in range(workers_per_gpu) for gpu in gpu_ids]
@@ -102,7 +107,7 @@ def claim_slot(worker: str, gpu_ids: list[str], workers_per_gpu: int, slots_dir:
         for gpu, copy in order:
             descriptor = _try_lock(slots_dir / f"gpu{gpu}-{copy}.lock")
             if descriptor is not None:
-                _held_slot_lock = descriptor
+                _held_slot_locks.append(descriptor)
                 return Pin(gpu=gpu, slot=f"gpu{gpu}-{copy}")
     gpu, _ = order[0]  # more workers than slots (an explicit -n): share
     return Pin(gpu=gpu, slot=f"gpu{gpu}-{worker}")

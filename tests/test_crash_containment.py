@@ -1,0 +1,71 @@
+"""A faulting kernel gives one failing test with its case file; later tests run in a fresh process.
+
+The fault is simulated (tests/impls/simulated_cuda_fault.py raises CUDA's message for an
+illegal address and stays "poisoned"), so the containment path runs on CPU; on a GPU the
+same path handles a real fault (docs/gpu.md has the command with a faulting kernel).
+"""
+
+from properties import failures
+from properties.containment import CudaContextLost, is_sticky_cuda_error
+from tests.impls.simulated_cuda_fault import MESSAGE
+from tests.pytest_runs import clean_environment, run_pytest
+
+CASES = "tests/containment_cases.py"
+IMPL = "--impl=tests/impls/simulated_cuda_fault.py:run"
+
+
+def _run(tmp_path, *args):
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    return run_pytest(CASES, IMPL, "--device=cpu", "--hypothesis-profile=ci", *args, env=env)
+
+
+def _saved_case(tmp_path) -> dict:
+    files = sorted((tmp_path / "failures").glob("*.pt"))
+    assert len(files) == 1, files
+    return failures.load_case(files[0])
+
+
+def test_sticky_errors_are_recognised_and_others_are_not():
+    assert is_sticky_cuda_error(RuntimeError(MESSAGE))
+    assert is_sticky_cuda_error(RuntimeError("Triton Error [CUDA]: misaligned address"))
+    assert not is_sticky_cuda_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_sticky_cuda_error(ValueError("an illegal memory access was encountered"))
+    assert issubclass(CudaContextLost, BaseException) and not issubclass(CudaContextLost, Exception)
+
+
+def _assert_the_faulting_example_was_saved(tmp_path):
+    saved = _saved_case(tmp_path)
+    lengths = saved["case_fields"]["lengths"]
+    # The example that faulted, not one "shrunk" inside a poisoned context (those fault regardless).
+    assert len(lengths) >= 2 and min(lengths) >= 3, saved["case_repr"]
+    assert saved["calls"] and saved["calls_source"].startswith("rebuilt on cpu")
+    assert MESSAGE in saved["error"]
+
+
+def test_fault_under_xdist_crashes_one_worker_and_the_next_test_runs_in_a_fresh_one(tmp_path):
+    result = _run(tmp_path, "-n", "1")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "1 failed, 1 passed" in result.stdout, output
+    assert "crashed while running 'tests/containment_cases.py::test_first_kernel_faults'" in result.stdout, output
+    assert "replacing crashed worker" in output
+    assert "python -m properties.repro" in result.stdout, output
+    _assert_the_faulting_example_was_saved(tmp_path)
+
+
+def test_fault_without_xdist_stops_the_session_after_that_test(tmp_path):
+    result = _run(tmp_path, "-n", "0")
+    assert result.returncode == 2, result.stdout + result.stderr  # pytest's "interrupted"
+    assert "1 failed" in result.stdout and "passed" not in result.stdout.splitlines()[-1], result.stdout
+    assert "Interrupted: the CUDA context was lost in tests/containment_cases.py::test_first_kernel_faults" \
+        in result.stdout
+    assert "python -m properties.repro" in result.stdout
+    _assert_the_faulting_example_was_saved(tmp_path)
+
+
+def test_healthy_kernel_runs_both_cases(tmp_path):
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest(CASES, "--impl=tests/impls/torch_float32.py:run", "--device=cpu",
+                        "--hypothesis-profile=ci", "-n", "0", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (tmp_path / "failures").exists()

@@ -1,0 +1,118 @@
+"""Case files and their replay: ``python -m properties.repro FILE``."""
+
+import torch
+
+from properties import failures
+from properties.cases import DecodeCase, build
+from properties.diagnosis import describe_layout, describe_mismatch, ranges
+from reference import attend
+from tests.impls.torch_float32 import run as correct
+from tests.pytest_runs import clean_environment, run_module, run_pytest
+
+# Adds 0.5 to dims 70-79 of head 5 of sequence 1: a defect with an address.
+DEFECT = (
+    "from tests.impls.torch_float32 import run as correct\n"
+    "def run(*args):\n"
+    "    output, lse = correct(*args)\n"
+    "    if output.shape[0] > 1:\n"
+    "        output[1, 5, 70:80] += 0.5\n"
+    "    return output, lse\n"
+)
+CASE = DecodeCase(lengths=(3, 40, 0), layout="shared_prefix", spare_pages=5, seed=7)
+
+
+def _defective(tmp_path) -> str:
+    (tmp_path / "defect.py").write_text(DEFECT)
+    return f"{tmp_path / 'defect.py'}:run"
+
+
+def test_ranges_read_as_runs():
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert ranges([]) == "none"
+
+
+def test_diagnosis_names_sequence_heads_and_dims():
+    inputs = build(CASE)
+    output, lse = correct(*inputs)
+    output[1, 5, 70:80] += 0.5
+    lines, failed = describe_mismatch(output, lse, attend(*inputs), inputs.kv_indptr)
+    text = "\n".join(lines)
+    assert failed
+    assert "seq 1 (40 tokens)" in text and "heads 5;" in text and "dims 70-79" in text, text
+    assert "sequences within bound: 0, 2" in text
+
+
+def test_diagnosis_of_a_correct_result_finds_nothing():
+    inputs = build(CASE)
+    lines, failed = describe_mismatch(*correct(*inputs), attend(*inputs), inputs.kv_indptr)
+    assert not failed and "0 of 12288 elements outside the bound" in lines[0]
+
+
+def test_layout_in_words_names_sharing_strides_and_empties():
+    inputs = build(CASE)
+    strided_q = torch.zeros(3, 32, 256, dtype=torch.bfloat16)[:, :, ::2]
+    strided_q.copy_(inputs.q)
+    text = "\n".join(describe_layout(*inputs._replace(q=strided_q)))
+    assert "lengths 3, 40, 0 (1 empty)" in text
+    assert "shared between sequences (0, 1)" in text
+    assert "q: [3, 32, 128] bfloat16, strides [8192, 256, 2]" in text and "NOT contiguous" in text
+
+
+def test_case_file_keeps_values_strides_and_gaps(tmp_path):
+    inputs = build(CASE)
+    padded = torch.full((3, 32, 130), float("nan"), dtype=torch.bfloat16)
+    q = padded[:, :, 1:129]
+    q.copy_(inputs.q)
+    record = failures.Recorder()
+    record.begin("tests/x.py::test_x")
+    record.note_build(CASE)
+    record.note_call((q, *inputs[1:]), {})
+    path = failures.save_case(tmp_path, error="AssertionError: boom", impl_spec="kernel:run",
+                              device=torch.device("cpu"), profile="ci", run_id="r1", source=record)
+    saved = failures.load_case(path)
+    (args, kwargs), = [failures.restore_call(call, "cpu") for call in saved["calls"]]
+    assert args[0].stride() == q.stride() and args[0].storage_offset() == 1
+    assert torch.equal(args[0], q) and torch.isnan(args[0].as_strided((1,), (1,), 0)).all()
+    assert saved["case_repr"] == repr(CASE) and saved["nodeid"] == "tests/x.py::test_x"
+    assert set(saved["versions"]) == {"python", "torch", "triton", "hypothesis"}
+    assert failures.runs_index(tmp_path, "r1")[0]["path"] == str(path)
+
+
+def test_case_file_after_a_fault_is_rebuilt_from_the_case(tmp_path):
+    record = failures.Recorder()
+    record.begin("tests/x.py::test_x")
+    record.note_build(CASE)
+    path = failures.save_case(tmp_path, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
+                              device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False,
+                              source=record)
+    (args, _), = [failures.restore_call(call, "cpu") for call in failures.load_case(path)["calls"]]
+    for restored, built in zip(args[:5], build(CASE)[:5]):
+        torch.testing.assert_close(restored, built, rtol=0, atol=0, equal_nan=True)
+
+
+def test_failing_property_saves_a_case_that_replays_on_cpu(tmp_path):
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound", "-n", "0", "-x",
+                        "--hypothesis-profile=ci", f"--impl={_defective(tmp_path)}", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "gqa-decode case file" in result.stdout and "python -m properties.repro" in result.stdout
+    (path,) = (tmp_path / "failures").glob("*.pt")
+    saved = failures.load_case(path)
+    assert saved["case_repr"].startswith("DecodeCase(lengths=(")
+    assert "@reproduce_failure" in saved["error"] + saved["hypothesis_output"]
+
+    replay = run_module("properties.repro", str(path), "--device", "cpu", env=env)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "seq 1 (" in replay.stdout and "heads 5;" in replay.stdout and "dims 70-79" in replay.stdout
+    assert "reproduced on cpu" in replay.stdout
+    assert path.with_suffix(".png").stat().st_size > 0
+
+    fixed = run_module("properties.repro", str(path), "--device", "cpu", "--no-png",
+                       "--impl", "tests/impls/torch_float32.py:run", env=env)
+    assert fixed.returncode == 0 and "did not reproduce" in fixed.stdout, fixed.stdout + fixed.stderr
+
+
+def test_repro_rejects_a_file_that_is_no_case_file(tmp_path):
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    result = run_module("properties.repro", str(tmp_path / "junk.pt"))
+    assert result.returncode == 2 and "not a case file" in result.stderr
