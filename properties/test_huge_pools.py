@@ -1,0 +1,44 @@
+"""Huge page pools (GPU only): page ids at and beyond 2**22 in a pool of 4.2M .. 8.4M pages (8.6 .. 17 GB of K+V).
+
+``page_id * page_stride`` passes 2**31 at page 2**22 for the plain layout (stride
+512), at 2**21 for a combined K/V buffer (stride 1024); head- and dim-major pools
+overflow int32 in ``head * stride`` and ``dim * stride`` once they hold several
+million pages. The builder fills the pool on the GPU and generates only the
+referenced rows; the oracle gathers only those.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, note
+
+from .cases import DecodeCase, build
+from .checks import run_and_check, share_of_examples
+from .strategies import SizeLimits, decode_cases
+
+PAGE_ID_LIMIT = 2**22  # page ids from here on overflow an int32 page_id * 512
+HUGE = SizeLimits(max_batch=4, max_len=1024, max_spare_pages=2**23)
+
+pytestmark = pytest.mark.gpu
+
+
+@share_of_examples(0.1, at_least=5)
+@given(case=decode_cases(
+    limits=HUGE, min_spare_pages=PAGE_ID_LIMIT + 8192, layouts=("pool_end", "shuffled"), pool_fills=("nan", "inf"),
+    kv_layouts=("separate", "combined", "heads_outer", "dim_outer", "padded_dim"),
+))
+# The seed computed page_id * stride in int32: page 2**22 is the first to wrap.
+@example(case=DecodeCase(lengths=(1,), layout="pool_end", spare_pages=PAGE_ID_LIMIT))
+# Head-major pool: head 3 sits 3 * P * 128 elements in, past 2**31 for P above ~5.6M pages.
+@example(case=DecodeCase(lengths=(3, 1), layout="pool_end", spare_pages=6_000_000, kv_layout="heads_outer"))
+# Dim-major pool: dim 127 sits 127 * P * 4 elements in, past 2**31 for P above ~4.23M pages.
+@example(case=DecodeCase(lengths=(3,), layout="pool_end", spare_pages=4_300_000, kv_layout="dim_outer"))
+def test_page_ids_beyond_2_to_the_22_give_the_right_answer(impl, device, case):
+    try:
+        inputs = build(case, device)
+        note(f"largest page id {int(inputs.kv_indices.max()) if inputs.kv_indices.numel() else None}")
+        run_and_check(impl, inputs, f"case {case}")
+    finally:
+        inputs = None
+        torch.cuda.empty_cache()  # up to ~20 GB per example: keep pool sizes from piling up in the cache
