@@ -270,6 +270,12 @@ def _record_failure(item: pytest.Item, call: pytest.CallInfo, report: pytest.Tes
         item.session.shouldstop = f"the CUDA context was lost in {item.nodeid}; later tests would fail spuriously"
 
 
+def _gpu(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    return PIN.gpu if PIN is not None and PIN.gpu else os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
@@ -279,7 +285,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     current = suite.current()
     if call.when == "teardown" and current.report_dir is not None and _in_property_suite(item.path):
         seconds = time.perf_counter() - getattr(item, "gqa_started", time.perf_counter())
-        run_report.flush(current.report_dir, current.worker or "main", seconds)
+        run_report.flush(current.report_dir, current.worker or "main", seconds, gpu=_gpu(current.device))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -152,25 +152,40 @@ def listen_to_hypothesis() -> bool:
     return True
 
 
-def flush(directory: Path, worker: str, seconds: float) -> None:
-    """Append the current test's tally to this process's part file."""
+def flush(directory: Path, worker: str, seconds: float, gpu: str | None = None) -> None:
+    """Append the current test's tally to this process's part file, with the worker and its GPU."""
     tally.seconds = seconds
     if not tally.cases:
         return  # built no case: not a property of the suite
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"parts-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
-        part.write(json.dumps(tally.as_json()) + "\n")
+        part.write(json.dumps({**tally.as_json(), "worker": worker, "gpu": gpu}) + "\n")
 
 
 # ---- the controller's merge -----------------------------------------------------------------
 
 
+def _lines(directory: Path) -> list[dict]:
+    return [json.loads(line) for part in sorted(directory.glob("parts-*.jsonl"))
+            for line in part.read_text(encoding="utf-8").splitlines()]
+
+
+def workers_table(directory: Path) -> list[str]:
+    """Markdown rows: each worker's GPU, test items and examples (shows the pinning at a glance)."""
+    rows: dict[tuple[str, str], list[int]] = {}
+    for item in _lines(directory):
+        row = rows.setdefault((item.get("worker", "?"), str(item.get("gpu"))), [0, 0])
+        row[0] += 1
+        row[1] += item["examples"]
+    return ["| worker | GPU (CUDA_VISIBLE_DEVICES) | items | examples |", "|---|---|---:|---:|",
+            *(f"| {w} | {g} | {n} | {e} |" for (w, g), (n, e) in sorted(rows.items()))]
+
+
 def merge(directory: Path) -> dict[str, dict]:
     """Per property: summed counts over its shards and workers, and the worst err/bound."""
     merged: dict[str, dict] = {}
-    for part in sorted(directory.glob("parts-*.jsonl")):
-        for line in part.read_text(encoding="utf-8").splitlines():
-            item = json.loads(line)
+    if directory.is_dir():
+        for item in _lines(directory):
             entry = merged.setdefault(item["property"], {
                 "items": 0, "cases": 0, "sequences": 0, "examples": 0, "failed_examples": 0, "worst": None,
                 "seconds": 0.0, "counts": {d: Counter() for d in DIMENSIONS}})
@@ -190,6 +205,7 @@ def _share(counts: Counter, total: int) -> str:
 
 def _markdown(merged: dict[str, dict], run_id: str) -> str:
     lines = [f"# Run report {run_id}", "",
+             "Worst err/bound is over passing examples; a failing example exceeds 1 by definition.", "",
              "| property | examples | cases built | failing examples | worst err/bound | seconds |",
              "|---|---:|---:|---:|---:|---:|"]
     for name, entry in sorted(merged.items()):
@@ -258,6 +274,7 @@ def write_report(directory: Path, run_id: str) -> Path | None:
         {name: {**entry, "counts": {d: dict(c) for d, c in entry["counts"].items()}}
          for name, entry in merged.items()}, indent=1), encoding="utf-8")
     report = directory / "report.md"
-    report.write_text(_markdown(merged, run_id), encoding="utf-8")
+    workers = ["", "## Workers", "", *workers_table(directory)]
+    report.write_text(_markdown(merged, run_id) + "\n".join(workers) + "\n", encoding="utf-8")
     _summary_png(merged, directory / "summary.png", run_id)
     return report
