@@ -1,0 +1,110 @@
+"""Run the property suite (ci profile) against every corpus mutant and print one table row per mutant.
+
+Columns: the mutant's defect class, killed or not, the property that killed it,
+examples that property ran up to its first failing one (explicit @examples
+included), wall and CPU seconds of the whole subprocess (a few seconds of it are
+imports; CPU time is the steadier figure on a shared machine), and the size of the
+shrunk counterexample (batch, longest sequence).
+
+    python benchmarks/mutant_report.py --device=cpu --jobs=2        # CPU: all but the GPU-only entries
+    python benchmarks/mutant_report.py --device=cuda --gpu-only     # GPU: the GPU-only entries
+
+Exit status 1 when a selected mutant is not killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.corpus import MUTANTS, SuiteRun, by_name, run_suite  # noqa: E402
+
+COLUMNS = ("mutant", "class", "verdict", "killed by", "examples to 1st failure", "wall s", "cpu s", "batch", "longest")
+
+
+def _property_name(node_id: str) -> str:
+    return node_id.split("::", 1)[-1]
+
+
+def _cell(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def row(run: SuiteRun) -> tuple[str, ...]:
+    """One table row for one suite run."""
+    return (
+        run.mutant.name, run.mutant.defect_class, run.verdict,
+        _property_name(run.failed[0]) if run.failed else "-", _cell(run.examples_to_failure),
+        f"{run.seconds:.1f}", _cell(run.cpu_seconds), _cell(run.batch), _cell(run.longest),
+    )
+
+
+def markdown_table(rows: list[tuple[str, ...]]) -> str:
+    """A GitHub-flavoured markdown table with ``COLUMNS`` as its header."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines)
+
+
+def findings(runs: list[SuiteRun], max_batch: int) -> list[str]:
+    """Lines naming every mutant that survived, errored, or shrank to more than ``max_batch`` sequences."""
+    notes = []
+    for run in runs:
+        if not run.killed:
+            tail = run.output.strip().splitlines()[-1:] or [""]
+            notes.append(f"- {run.mutant.name}: {run.verdict} ({run.mutant.rationale}); last line: {tail[0]}")
+        elif run.batch is not None and run.batch > max_batch:
+            notes.append(f"- {run.mutant.name}: shrunk only to lengths={run.shrunk_lengths}")
+    return notes
+
+
+def select(names: list[str], gpu_only: bool, device: str) -> list:
+    """The mutants to run: named ones, else the GPU-only ones, else all that the device can kill."""
+    if names:
+        return [by_name(name) for name in names]
+    if gpu_only:
+        return [m for m in MUTANTS if m.gpu_only]
+    return [m for m in MUTANTS if device == "cuda" or not m.gpu_only]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", metavar="MUTANT", help="run only these mutants")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="passed to the suite")
+    parser.add_argument("--gpu-only", action="store_true", help="run only the GPU-only mutants")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at the same time (default 1)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per mutant")
+    parser.add_argument("--max-batch", type=int, default=2, help="flag killed mutants shrunk to a larger batch")
+    parser.add_argument("--markdown", type=Path, help="also write the table and findings to this file")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs={args.jobs}: must be at least 1")
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    mutants = select(args.names, args.gpu_only, device)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gqa-mutants-") as workdir, ThreadPoolExecutor(args.jobs) as pool:
+        runs = list(pool.map(lambda m: run_suite(m, Path(workdir), device=device, timeout=args.timeout), mutants))
+    table = markdown_table([row(run) for run in runs])
+    killed = sum(run.killed for run in runs)
+    summary = (f"{killed} / {len(runs)} killed on {device} in {time.perf_counter() - started:.0f} s wall "
+               f"({args.jobs} at a time)")
+    notes = findings(runs, args.max_batch)
+    text = "\n".join([table, "", summary, *notes])
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    return 0 if killed == len(runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
