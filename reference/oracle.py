@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from .bound import SoftmaxTerms, lse_bound, output_bound
+from .bound import SoftmaxTerms, error_bounds
 
 NUM_QO_HEADS = 32
 NUM_KV_HEADS = 4
@@ -93,11 +93,12 @@ def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale) -> Re
         logits=logits, weights=weights, values=values, output=output,
         logit_magnitude=logit_magnitude, lse_natural=lse_natural, lengths=lengths,
     )
+    output_bound, lse_bound = error_bounds(terms)
     return Reference(
         output=output.reshape(count, NUM_QO_HEADS, HEAD_DIM),
         lse=(lse_natural / math.log(2.0)).reshape(count, NUM_QO_HEADS),
-        output_bound=output_bound(terms).reshape(count, NUM_QO_HEADS, HEAD_DIM),
-        lse_bound=lse_bound(terms).reshape(count, NUM_QO_HEADS),
+        output_bound=output_bound.reshape(count, NUM_QO_HEADS, HEAD_DIM),
+        lse_bound=lse_bound.reshape(count, NUM_QO_HEADS),
     )
 
 

@@ -1,0 +1,75 @@
+"""The error bound's parts: exact where exactness is claimed, sound against correct arithmetic, not slack."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from properties.cases import VALUE_REGIMES, DecodeCase, build
+from reference import attend, check_against_reference
+from reference.bound import HOEFFDING_LAMBDA, half_ulp_bf16, near_tie_counts
+from tests.impls import precision_defects, torch_float32
+
+
+@given(st.floats(width=32, allow_nan=False, allow_infinity=False).filter(lambda x: abs(x) < 3.3e38))
+def test_half_ulp_bounds_bf16_rounding(x):
+    value = torch.tensor([x], dtype=torch.float32)
+    error = (value.bfloat16().double() - value.double()).abs()
+    assert bool(error <= half_ulp_bf16(value.double().abs()))
+
+
+@pytest.mark.parametrize("x", [1.0, 1.5, 2.0**-20, 100.0, 2.0**127])  # bf16 values
+def test_half_ulp_is_attained_at_a_midpoint(x):
+    # x + half an ulp is a tie between two bf16 neighbours: rounding moves it by exactly that much.
+    half = float(half_ulp_bf16(torch.tensor([x], dtype=torch.float64)))
+    midpoint = torch.tensor([x + half], dtype=torch.float32)
+    assert float((midpoint.bfloat16().double() - midpoint.double()).abs()) == half
+
+
+def test_half_ulp_of_zero_and_subnormals_is_the_subnormal_spacing():
+    assert half_ulp_bf16(torch.tensor([0.0, 1e-40], dtype=torch.float64)).tolist() == [2.0**-134] * 2
+
+
+def test_hoeffding_lambda_gives_the_stated_false_alarm_rate():
+    assert 2.0 * math.exp(-(HOEFFDING_LAMBDA**2) / 2.0) == pytest.approx(1e-12)
+
+
+def test_equal_weights_are_one_cluster_and_spread_weights_are_not():
+    equal = torch.full((1, 1, 1, 500), 1.0 / 500, dtype=torch.float64)
+    spread = torch.softmax(torch.linspace(0.0, 5.0, 500, dtype=torch.float64), 0).view(1, 1, 1, 500)
+    no_error = torch.zeros_like(equal)
+    assert bool((near_tie_counts(equal, no_error) == 500).all())
+    assert bool((near_tie_counts(spread, no_error) == 1).all())
+
+
+def test_empty_sequences_get_a_zero_bound_and_others_a_positive_one():
+    reference = attend(*build(DecodeCase(lengths=(0, 3, 0, 1), seed=1)))
+    assert bool((reference.output_bound[[0, 2]] == 0).all()) and bool((reference.lse_bound[[0, 2]] == 0).all())
+    assert bool((reference.output_bound[[1, 3]] > 0).all()) and bool((reference.lse_bound[[1, 3]] > 0).all())
+
+
+def test_bound_grows_with_the_logit_magnitude():
+    inputs = build(DecodeCase(lengths=(200,), seed=2))
+    small = attend(*inputs._replace(sm_scale=0.01))
+    large = attend(*inputs._replace(sm_scale=1.0))
+    assert float(large.lse_bound.min()) > float(small.lse_bound.max())
+
+
+@pytest.mark.parametrize(
+    "impl",
+    [precision_defects.correct, precision_defects.correct_in_blocks_of_16, torch_float32.run],
+    ids=["blockwise", "blocks_of_16", "torch_float32"],
+)
+@settings(max_examples=12, deadline=None)
+@given(
+    values=st.sampled_from(sorted(VALUE_REGIMES)),
+    lengths=st.lists(st.integers(0, 1200), min_size=1, max_size=2),
+    scale=st.one_of(st.none(), st.floats(0.01, 1.0), st.sampled_from([0.0, 1e-6, -0.088, 8.0, 64.0])),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_correct_float32_implementations_stay_within_bound(impl, values, lengths, scale, seed):
+    inputs = build(DecodeCase(lengths=tuple(lengths), values=values, scale=scale, seed=seed))
+    for mismatch in check_against_reference(*impl(*inputs), attend(*inputs)):
+        assert not mismatch.message, mismatch.message
