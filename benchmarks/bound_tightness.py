@@ -35,7 +35,7 @@ PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 BLOCK_EDGES = (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257)
 SPECIAL_SCALES = (0.0, 1e-6, -0.0883883476, 8.0, 64.0)
 # Per device: (examples, longest sequence, largest batch).
-DEVICE_DEFAULTS = {"cpu": (2000, 512, 2), "cuda": (10000, 8192, 8)}
+DEVICE_DEFAULTS = {"cpu": (2000, 512, 2), "cuda": (10000, 4096, 4)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,8 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impl", default="kernel:run", help="'package.module:function' or 'path/file.py:function'")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--examples", type=int, default=None, help="cases to run (default: 2000 cpu, 10000 cuda)")
-    parser.add_argument("--max-len", type=int, default=None, help="longest sequence (default: 512 cpu, 8192 cuda)")
-    parser.add_argument("--max-batch", type=int, default=None, help="largest batch (default: 2 cpu, 8 cuda)")
+    parser.add_argument("--max-len", type=int, default=None, help="longest sequence (default: 512 cpu, 4096 cuda)")
+    parser.add_argument("--max-batch", type=int, default=None, help="largest batch (default: 2 cpu, 4 cuda)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the case generator")
     parser.add_argument("--out", type=Path, default=None, help="directory for per-case results (cases.csv)")
     parser.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="CSV",

@@ -1,8 +1,8 @@
 """Long sequences, where precision defects show and magic tolerances miss them.
 
-One token dropped out of 4,000, an accumulator kept in bf16 between blocks: each
-moves the output by far less than 1e-2, but by more than the derived bound
-(docs/tolerance.md) once sequences are long. The general property draws mostly
+One token dropped out of 4,000, or an accumulator kept in bf16 between blocks, moves
+the output by about 1e-3 relative: inside the 1e-2 .. 3e-2 tolerances of public test
+suites, outside the derived bound (docs/tolerance.md) once sequences are long. The general property draws mostly
 short sequences, so this one draws only long ones, a few examples per value regime
 (each regime parametrized, so every one of them is reached in every profile).
 """

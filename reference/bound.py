@@ -158,7 +158,7 @@ def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
     numerator_term = steps * (1 + U_BF16) * abs_weighted_v
     quotient = o.abs() + logit_term + p_rounding_term + numerator_term
     denominator_term = quotient * steps / (1 - steps)
-    division_term = 2 * U32 * (quotient + denominator_term)
+    division_term = 8 * U32 * (quotient + denominator_term)  # approximate division: 2 ulp, or rcp + mul
 
     # §6 Values below the smallest normal float32 may be flushed to zero at every step.
     flushed = TINY * (terms.lengths[:, None, None, None] * (1 + largest_v) + 1)
