@@ -94,6 +94,10 @@ CORRUPTIONS: dict[str, Corruption] = {
     # wrong device: ValueError
     **{f"{name}_other_device": Corruption(_move(name), ValueError, (name, "q"))
        for name in ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")},
+    "all_on_other_device": Corruption(  # cpu without the interpreter, or meta
+        lambda x, g: x._replace(**{n: t.to(_other_device(x.q.device)) for n, t in x._asdict().items()
+                                   if isinstance(t, torch.Tensor)}),
+        ValueError, ("q",)),
     # inconsistent indices: ValueError
     "page_id_equal_to_pool_size": Corruption(
         lambda x, g: _set_page(x, g, _pool_size(x)), ValueError, ("kv_indices",), applies=_has_pages),
@@ -132,6 +136,10 @@ CORRUPTIONS: dict[str, Corruption] = {
 @example(case=DecodeCase(lengths=(1,)), corruption="q_float16", where=0)
 @example(case=DecodeCase(lengths=(2, 2)), corruption="kv_indptr_not_monotonic", where=0)
 @example(case=DecodeCase(lengths=(2,)), corruption="sm_scale_nan", where=0)
+# This kernel's first wrapper: 1e39 passed as finite, then reached the kernel as float32 inf; and a
+# call on a device other than cuda/cpu (meta) passed the device check in interpreter mode.
+@example(case=DecodeCase(lengths=(2,)), corruption="sm_scale_beyond_float32", where=0)
+@example(case=DecodeCase(lengths=(2,)), corruption="all_on_other_device", where=0)
 def test_bad_input_raises_a_clear_error_and_the_next_call_works(impl, device, case, corruption, where):
     inputs = build(case, device)
     assume(CORRUPTIONS[corruption].applies(inputs))
