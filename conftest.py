@@ -283,7 +283,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when == "call" and report.failed and failures.recorder.used:
         _record_failure(item, call, report)
     current = suite.current()
-    if call.when == "teardown" and current.report_dir is not None and _in_property_suite(item.path):
+    if call.when == "teardown" and current.report_dir is not None and _is_property(getattr(item, "obj", None),
+                                                                                   item.path):
         seconds = time.perf_counter() - getattr(item, "gqa_started", time.perf_counter())
         run_report.flush(current.report_dir, current.worker or "main", seconds, gpu=_gpu(current.device))
 
