@@ -85,8 +85,10 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
     for line in lines:
         print(f"   {line}")
     if png is not None and output.shape == reference.output.shape and lse.shape == reference.lse.shape:
-        path = write_heatmap(png, *ratios(output, lse, reference), title)
-        print(f"   heatmap: {path}")
+        try:
+            print(f"   heatmap: {write_heatmap(png, *ratios(output, lse, reference), title)}")
+        except ImportError:
+            print("   no heatmap: matplotlib is not installed")
     return failed
 
 

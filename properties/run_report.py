@@ -275,6 +275,9 @@ def write_report(directory: Path, run_id: str) -> Path | None:
          for name, entry in merged.items()}, indent=1), encoding="utf-8")
     report = directory / "report.md"
     workers = ["", "## Workers", "", *workers_table(directory)]
+    try:
+        _summary_png(merged, directory / "summary.png", run_id)
+    except ImportError:  # matplotlib missing (a bare GPU image): the report stays, without its picture
+        workers += ["", "(no summary.png: matplotlib is not installed)"]
     report.write_text(_markdown(merged, run_id) + "\n".join(workers) + "\n", encoding="utf-8")
-    _summary_png(merged, directory / "summary.png", run_id)
     return report
