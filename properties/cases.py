@@ -154,7 +154,7 @@ def _regime_large_logits(gen, batch, rows):
 
 
 def _regime_very_negative(gen, batch, rows):
-    """Every logit far below any finite mask sentinel (about -1e5), still spread out."""
+    """Logits near -800 at the default scale (below a -5e4 sentinel from scale 8 up), still spread out."""
     direction = _normal(gen, HEAD_DIM)
     direction = direction / direction.norm()
     k = 30.0 * direction + 0.5 * _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
