@@ -32,7 +32,7 @@ class SuiteRun:
     """The outcome of the property suite on one mutant."""
 
     mutant: Mutant
-    returncode: int
+    returncode: int | None  # None: timed out
     seconds: float  # wall time of the subprocess
     cpu_seconds: float | None  # its CPU time, as the child measured it; None when it crashed
     failed: tuple[str, ...]  # node ids of failed tests
@@ -50,6 +50,8 @@ class SuiteRun:
             return "killed"
         if self.returncode == 0:
             return "SURVIVED"
+        if self.returncode is None:
+            return "TIMEOUT"
         return f"ERROR (exit {self.returncode})"
 
     @property
@@ -84,6 +86,12 @@ def _child_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_", "GQA_DECODE_"))}
 
 
+def _text(captured: bytes | str | None) -> str:
+    if isinstance(captured, bytes):
+        return captured.decode(errors="replace")
+    return captured or ""
+
+
 def _shrunk_lengths(output: str) -> tuple[int, ...] | None:
     """Lengths of the last DecodeCase in the falsifying-example report (the shrunk one)."""
     start = output.find(_FALSIFYING)
@@ -106,17 +114,20 @@ def run_suite(
     with tempfile.NamedTemporaryFile(suffix=".json", dir=workdir, delete=False) as handle:
         record = Path(handle.name)
     started = time.perf_counter()
-    result = subprocess.run(
-        suite_command(mutant, impl, workdir, device=device, shrink=shrink, record=record), cwd=ROOT,
-        env=_child_environment(), capture_output=True, text=True, timeout=timeout,
-    )
+    command = suite_command(mutant, impl, workdir, device=device, shrink=shrink, record=record)
+    try:
+        result = subprocess.run(command, cwd=ROOT, env=_child_environment(), capture_output=True, text=True,
+                                timeout=timeout)
+        returncode, stdout, stderr = result.returncode, result.stdout, result.stderr
+    except subprocess.TimeoutExpired as expired:
+        returncode, stdout, stderr = None, _text(expired.stdout), _text(expired.stderr)
     seconds = time.perf_counter() - started
-    output = result.stdout + result.stderr
-    failed = tuple(_FAILED.findall(result.stdout))
+    output = stdout + stderr
+    failed = tuple(_FAILED.findall(stdout)) if returncode is not None else ()
     records = json.loads(record.read_text() or "{}")
     first = records.get("tests", {}).get(failed[0], {}).get("first_failure") if failed else None
     return SuiteRun(
-        mutant=mutant, returncode=result.returncode, seconds=seconds, cpu_seconds=records.get("cpu_seconds"),
+        mutant=mutant, returncode=returncode, seconds=seconds, cpu_seconds=records.get("cpu_seconds"),
         failed=failed,
         examples_to_failure=first, shrunk_lengths=_shrunk_lengths(output) if failed else None, output=output,
     )
