@@ -8,6 +8,7 @@ shrunk counterexample (batch, longest sequence).
 
     python benchmarks/mutant_report.py --device=cpu --jobs=2        # CPU: all but the GPU-only entries
     python benchmarks/mutant_report.py --device=cuda --gpu-only     # GPU: the GPU-only entries
+    python benchmarks/mutant_report.py --list                       # the corpus, without running it
 
 Exit status 1 when a selected mutant is not killed.
 """
@@ -33,13 +34,13 @@ def _property_name(node_id: str) -> str:
 
 
 def _cell(value) -> str:
-    return "-" if value is None else str(value)
+    return "-" if value is None else str(value).replace("|", "\\|")  # a bare | would split the markdown cell
 
 
 def row(run: SuiteRun) -> tuple[str, ...]:
     """One table row for one suite run."""
     return (
-        run.mutant.name, run.mutant.defect_class, run.verdict,
+        _cell(run.mutant.name), _cell(run.mutant.defect_class), run.verdict,
         _property_name(run.failed[0]) if run.failed else "-", _cell(run.examples_to_failure),
         f"{run.seconds:.1f}", _cell(run.cpu_seconds), _cell(run.batch), _cell(run.longest),
     )
@@ -64,6 +65,14 @@ def findings(runs: list[SuiteRun], max_batch: int) -> list[str]:
     return notes
 
 
+def corpus_listing() -> str:
+    """The corpus as a markdown table: name, class, where it is killed, rationale."""
+    lines = ["| mutant | class | killed on | rationale |", "|---|---|---|---|"]
+    lines += [f"| {m.name} | {m.defect_class} | {'GPU' if m.gpu_only else 'CPU'} | {_cell(m.rationale)} |"
+              for m in MUTANTS]
+    return "\n".join(lines)
+
+
 def select(names: list[str], gpu_only: bool, device: str) -> list:
     """The mutants to run: named ones, else the GPU-only ones, else all that the device can kill."""
     if names:
@@ -84,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per mutant")
     parser.add_argument("--max-batch", type=int, default=2, help="flag killed mutants shrunk to a larger batch")
     parser.add_argument("--markdown", type=Path, help="also write the table and findings to this file")
+    parser.add_argument("--list", action="store_true", help="print the corpus (no runs) and exit")
     args = parser.parse_args(argv)
+    if args.list:
+        print(corpus_listing())
+        return 0
     if args.jobs < 1:
         parser.error(f"--jobs={args.jobs}: must be at least 1")
     device = args.device

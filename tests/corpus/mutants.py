@@ -177,7 +177,7 @@ MUTANTS: tuple[Mutant, ...] = (
            _kernel(_MASKED_LOGITS, 'scores = tl.where(in_seq[None, :], scores, float("-inf"))')),
     Mutant("default_scale_one_over_head_dim", "scale", "defaults sm_scale to 1/128 instead of 1/sqrt(128)",
            _launch("DEFAULT_SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)", "DEFAULT_SM_SCALE = 1.0 / HEAD_DIM")),
-    Mutant("negative_scale_made_positive", "scale", "takes |sm_scale|: a negative scale gives the wrong softmax",
+    Mutant("negative_scale_made_positive", "scale", "takes abs(sm_scale): a negative scale gives the wrong softmax",
            _launch("return float(sm_scale)", "return abs(float(sm_scale))"),
            first="properties/test_hostile_values.py"),
     # ---- bad input ----
