@@ -3,9 +3,8 @@
 Hypothesis draws descriptors (sizes, page layout, value regime, a seed), never
 tensors, so generation is fast, database entries are small and a shrunk
 counterexample reads as one line. ``build`` turns a descriptor into kernel
-arguments on any device; values come from a CPU generator, so a case builds the
-same tensors on CPU and GPU (unreferenced pool pages excepted: they hold junk that
-must not matter).
+arguments on any device, the same tensors each time on the same kind of device
+(values are drawn there; case files carry tensors from one device to another).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ class DecodeCase:
     pool_fill: what unreferenced pages hold (``POOL_FILLS``).
     scale: sm_scale passed to the kernel; None for its default.
     values: the value regime of q, K and V (``VALUE_REGIMES``).
-    seed: seeds the CPU generator behind every random choice.
+    seed: seeds the generators behind every random choice.
     q_layout: how q sits in memory (``Q_LAYOUTS``), e.g. a slice of a fused QKV tensor.
     kv_layout: how the K and V pools sit in memory (``KV_LAYOUTS``), e.g. one combined buffer.
     index_layout: dtype and contiguity of kv_indptr and kv_indices (``INDEX_LAYOUTS``).
@@ -129,11 +128,11 @@ Regime = Callable[[torch.Generator, int, int], tuple[torch.Tensor, torch.Tensor,
 
 
 def _normal(gen: torch.Generator, *shape: int) -> torch.Tensor:
-    return torch.randn(shape, generator=gen)
+    return torch.randn(shape, generator=gen, device=gen.device)
 
 
 def _uniform(gen: torch.Generator, low: float, high: float) -> float:
-    return low + (high - low) * float(torch.rand((), generator=gen))
+    return low + (high - low) * float(torch.rand((), generator=gen, device=gen.device))
 
 
 def _regime_normal(gen, batch, rows):
@@ -165,7 +164,7 @@ def _regime_very_negative(gen, batch, rows):
 def _regime_peaky(gen, batch, rows):
     """A few keys (about 1 in 50) carry most of the weight."""
     q, k, v = _regime_normal(gen, batch, rows)
-    loud = torch.rand(rows, 1, 1, generator=gen) < 0.02
+    loud = torch.rand(rows, 1, 1, generator=gen, device=gen.device) < 0.02
     return q, torch.where(loud, 8.0 * k, k), v
 
 
@@ -181,8 +180,9 @@ def _regime_outliers(gen, batch, rows):
     q, k, v = _regime_normal(gen, batch, rows)
 
     def spike(t):
-        where = torch.rand(t.shape, generator=gen) < 1e-3
-        return torch.where(where, torch.sign(t) * 10.0 ** (3.0 * torch.rand(t.shape, generator=gen)), t)
+        where = torch.rand(t.shape, generator=gen, device=gen.device) < 1e-3
+        magnitude = 10.0 ** (3.0 * torch.rand(t.shape, generator=gen, device=gen.device))
+        return torch.where(where, torch.sign(t) * magnitude, t)
 
     return spike(q), spike(k), spike(v)
 
@@ -221,7 +221,7 @@ def _along(direction: torch.Tensor, norm: float, noise: torch.Tensor) -> torch.T
 def _regime_huge_logits(gen, batch, rows):
     """Logits of magnitude 1e4 .. 1e6 at the default scale, either sign: one-hot softmax."""
     direction, norm = _directions(gen), 10.0 ** _uniform(gen, 2.5, 3.5)
-    sign = torch.where(torch.rand(rows, NUM_KV_HEADS, 1, generator=gen) < 0.5, -1.0, 1.0)
+    sign = torch.where(torch.rand(rows, NUM_KV_HEADS, 1, generator=gen, device=gen.device) < 0.5, -1.0, 1.0)
     q = _along(direction, norm, _normal(gen, batch, NUM_QO_HEADS, HEAD_DIM))
     k = sign * _along(direction, norm, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM))
     return q, k, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
@@ -239,7 +239,7 @@ def _regime_dominant_token(gen, batch, rows):
     """About one key per sequence lies along its queries, 10 .. 1e4 logits (default scale) above the rest."""
     direction = _directions(gen)
     q = _along(direction, 10.0, _normal(gen, batch, NUM_QO_HEADS, HEAD_DIM))
-    loud = torch.rand(rows, 1, 1, generator=gen) < batch / max(rows, 1)
+    loud = torch.rand(rows, 1, 1, generator=gen, device=gen.device) < batch / max(rows, 1)
     gap = 10.0 ** _uniform(gen, 1.0, 4.0) / (10.0 * DEFAULT_SCALE)
     k = torch.where(loud, gap * direction, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM))
     return q, k, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
@@ -248,7 +248,7 @@ def _regime_dominant_token(gen, batch, rows):
 def _regime_exact_ties(gen, batch, rows):
     """A third of the keys are one loud key, bit for bit: tied top logits, output the mean of their V."""
     q, k, v = _regime_normal(gen, batch, rows)
-    tied = torch.rand(rows, 1, 1, generator=gen) < 1.0 / 3.0
+    tied = torch.rand(rows, 1, 1, generator=gen, device=gen.device) < 1.0 / 3.0
     return q, torch.where(tied, 4.0 * _normal(gen, 1, NUM_KV_HEADS, HEAD_DIM), k), v
 
 
@@ -342,8 +342,12 @@ def _fill_junk(storage: torch.Tensor, fill: str, seed: int) -> None:
 def build(case: DecodeCase, device: torch.device | str = "cpu") -> DecodeInputs:
     """Deterministically build the kernel arguments a case describes, on ``device``.
 
-    Referenced K/V rows are generated on the CPU; the pool is allocated and filled
-    with junk on ``device``, so a pool of millions of pages costs one fill there.
+    Page ids come from a CPU generator, so the layout is the same everywhere; q and
+    the referenced K/V rows are drawn by a generator on ``device`` (drawing them on
+    the CPU and copying cost most of a GPU example's time), so a descriptor rebuilds
+    bit-identical tensors on the same kind of device; case files carry the tensors
+    themselves across devices. The pool is allocated and filled with junk on
+    ``device``, so a pool of millions of pages costs one fill there.
     """
     if case.values not in VALUE_REGIMES:
         raise ValueError(f"unknown values={case.values!r}; expected one of {tuple(VALUE_REGIMES)}")
@@ -351,17 +355,18 @@ def build(case: DecodeCase, device: torch.device | str = "cpu") -> DecodeInputs:
     gen = torch.Generator().manual_seed(case.seed)
     indices, pool_size = page_ids(case, gen)
     referenced = torch.unique(indices)
-    q, k_rows, v_rows = VALUE_REGIMES[case.values](gen, case.batch, referenced.numel())
+    values_gen = torch.Generator(device=device).manual_seed(case.seed)
+    q, k_rows, v_rows = VALUE_REGIMES[case.values](values_gen, case.batch, referenced.numel())
     k_cache, v_cache, storages = _kv_pool(case.kv_layout, pool_size, device)
     for offset, storage in enumerate(storages):
         _fill_junk(storage, case.pool_fill, case.seed + offset)
     slots = referenced.to(device)
-    k_cache[slots, 0] = k_rows.to(torch.bfloat16).to(device)
-    v_cache[slots, 0] = v_rows.to(torch.bfloat16).to(device)
+    k_cache[slots, 0] = k_rows.to(torch.bfloat16)
+    v_cache[slots, 0] = v_rows.to(torch.bfloat16)
     indptr = torch.tensor([0, *torch.tensor(case.lengths, dtype=torch.int64).cumsum(0).tolist()])
     junk_page = max(pool_size - 1, 0)  # in range, so a kernel that ignores the strides reads a wrong page, not memory
     return DecodeInputs(
-        q=_place_q(q.to(torch.bfloat16).to(device), case.q_layout),
+        q=_place_q(q.to(torch.bfloat16), case.q_layout),
         k_cache=k_cache,
         v_cache=v_cache,
         kv_indptr=_place_index(indptr, case.index_layout, int(indptr[-1]), device),

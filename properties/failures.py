@@ -154,7 +154,9 @@ def _recorded_calls(record: Recorder, device_readable: bool) -> tuple[list[dict]
         except RuntimeError:  # device memory unreadable (a sticky CUDA error)
             pass
     if record.case is not None:
-        return _rebuilt_calls(record.case), "rebuilt on cpu from the case (device memory was unreadable)"
+        return _rebuilt_calls(record.case), (
+            "rebuilt on cpu from the case (device memory was unreadable): same layout, values drawn on cpu"
+        )
     return [], "none recorded"
 
 
