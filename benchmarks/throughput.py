@@ -114,6 +114,7 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int) -> dict
     env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
     report_dir = report_root / f"gpus{gpus}"
     command = [sys.executable, "-m", "pytest", *options.paths, "-n", "auto", "-q", "-p", "no:cacheprovider",
+               f"--workers-per-gpu={options.workers_per_gpu}",
                f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
                f"--failures-dir={report_root / 'failures'}", f"--impl={options.impl}"]
     start = time.perf_counter()
@@ -135,12 +136,14 @@ def run_scaling(options) -> dict:
         _suite_run(max(gpu_counts), options, root / "warmup", 2)
     runs = [_suite_run(gpus, options, root, options.max_examples) for gpus in gpu_counts]
     base = runs[0]["examples_per_second"] or 1.0
-    print(f"{options.profile} profile, {options.max_examples} examples per property, -n auto on the first N GPUs")
+    print(f"{options.profile} profile, {options.max_examples} examples per property, -n auto on the first N GPUs, "
+          f"{options.workers_per_gpu} workers per GPU")
     print(f"{'GPUs':>5}{'examples':>10}{'wall s':>9}{'ex/s':>9}{'ratio':>7}  pytest")
     for run in runs:
         print(f"{run['gpus']:>5}{run['examples']:>10}{run['wall_s']:>9.1f}{run['examples_per_second']:>9.1f}"
               f"{run['examples_per_second'] / base:>7.2f}  {run['summary']}")
-    return {"profile": options.profile, "max_examples": options.max_examples, "runs": runs}
+    return {"profile": options.profile, "max_examples": options.max_examples,
+            "workers_per_gpu": options.workers_per_gpu, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", default="1,2", help="scaling: GPU counts to compare, first is the baseline")
     parser.add_argument("--max-examples", type=int, default=300, help="scaling: examples per property")
     parser.add_argument("--profile", default="nightly", help="scaling: Hypothesis profile")
+    parser.add_argument("--workers-per-gpu", type=int, default=1, help="scaling: pinned xdist workers per GPU")
     parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling: test paths")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="scaling: skip the warm-up run")
     options = parser.parse_args(argv)
