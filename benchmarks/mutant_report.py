@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at the same time (default 1)")
     parser.add_argument("--no-shrink", action="store_true",
                         help="skip shrinking, as tests/test_mutants.py does (faster; counterexamples not minimal)")
+    parser.add_argument("--generated-only", action="store_true",
+                        help="skip the suite's pinned @examples: what generated examples find alone")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per mutant")
     parser.add_argument("--max-batch", type=int, default=2, help="flag killed mutants shrunk to a larger batch")
     parser.add_argument("--markdown", type=Path, help="also write the table and findings to this file")
@@ -109,14 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gqa-mutants-") as workdir, ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_suite, m, Path(workdir), device=device, shrink=not args.no_shrink,
-                               timeout=args.timeout) for m in mutants]
+                               explicit=not args.generated_only, timeout=args.timeout) for m in mutants]
         for future in as_completed(futures):  # progress, in case a long run is cut short
             print(" | ".join(row(future.result())), file=sys.stderr, flush=True)
         runs = [future.result() for future in futures]
     table = markdown_table([row(run) for run in runs])
     killed = sum(run.killed for run in runs)
     summary = (f"{killed} / {len(runs)} killed on {device} in {time.perf_counter() - started:.0f} s wall "
-               f"({args.jobs} at a time{', without shrinking' if args.no_shrink else ''})")
+               f"({args.jobs} at a time{', without shrinking' if args.no_shrink else ''}"
+               f"{', generated examples only' if args.generated_only else ''})")
     notes = findings(runs, args.max_batch)
     text = "\n".join([table, "", summary, *notes])
     print(text)

@@ -17,6 +17,9 @@ Three options, all off by default:
 ``--corpus-no-shrink``
     Use the selected Hypothesis profile without its shrink phase (and so without
     explain): a kill is found as fast as with it, but not minimised.
+``--corpus-no-explicit``
+    Use the selected profile without its explicit phase: the ``@example``s pinned
+    in the suite are skipped, so a kill shows what generated examples find alone.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.errors import HypothesisException, StopTest
 
-NO_SHRINK_PROFILE = "corpus-no-shrink"
+DERIVED_PROFILE = "corpus-derived"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,15 +41,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--corpus-first", metavar="FILE", action="append", default=[],
                     help="run this test file's items first (repeatable)")
     group.addoption("--corpus-no-shrink", action="store_true", help="skip Hypothesis's shrink phase")
+    group.addoption("--corpus-no-explicit", action="store_true", help="skip the explicit @example phase")
 
 
 @pytest.hookimpl(trylast=True)  # after the hypothesis plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     config.corpus_records = {}
+    dropped = set()
     if config.option.corpus_no_shrink:
-        phases = tuple(p for p in settings.default.phases if p not in (Phase.shrink, Phase.explain))
-        settings.register_profile(NO_SHRINK_PROFILE, parent=settings.default, phases=phases)
-        settings.load_profile(NO_SHRINK_PROFILE)
+        dropped |= {Phase.shrink, Phase.explain}
+    if config.option.corpus_no_explicit:
+        dropped.add(Phase.explicit)
+    if dropped:
+        phases = tuple(p for p in settings.default.phases if p not in dropped)
+        settings.register_profile(DERIVED_PROFILE, parent=settings.default, phases=phases)
+        settings.load_profile(DERIVED_PROFILE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

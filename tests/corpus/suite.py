@@ -23,7 +23,9 @@ from .mutants import Mutant
 __all__ = ["SuiteRun", "run_suite", "suite_command"]
 
 _FAILED = re.compile(r"^FAILED (\S+)", re.MULTILINE)
-_FALSIFYING = "Falsifying"
+# How Hypothesis introduces the reported example: "Failing test case" / "Failing explicit example" (6.1xx),
+# "Falsifying example" / "Falsifying explicit example" (older releases).
+_REPORTED = re.compile(r"Failing test case|Failing explicit example|Falsifying (?:explicit )?example")
 _LENGTHS = re.compile(r"DecodeCase\(lengths=\(([\d, ]*)\)")
 
 
@@ -64,7 +66,7 @@ class SuiteRun:
 
 
 def suite_command(mutant: Mutant, impl_spec: str, workdir: Path, *, device: str = "auto", shrink: bool = True,
-                  record: Path | None = None) -> list[str]:
+                  explicit: bool = True, record: Path | None = None) -> list[str]:
     """The pytest command that runs the whole property suite (ci profile) against ``impl_spec``, one process,
     stopping at the first failure; case files go under ``workdir``, no run report."""
     command = [
@@ -76,6 +78,8 @@ def suite_command(mutant: Mutant, impl_spec: str, workdir: Path, *, device: str 
         command.append(f"--corpus-first={mutant.first}")
     if not shrink:
         command.append("--corpus-no-shrink")
+    if not explicit:
+        command.append("--corpus-no-explicit")
     if record is not None:
         command.append(f"--corpus-record={record}")
     return command
@@ -93,28 +97,31 @@ def _text(captured: bytes | str | None) -> str:
 
 
 def _shrunk_lengths(output: str) -> tuple[int, ...] | None:
-    """Lengths of the last DecodeCase in the falsifying-example report (the shrunk one)."""
-    start = output.find(_FALSIFYING)
-    found = _LENGTHS.findall(output[start:] if start >= 0 else output)
-    if not found:
+    """Lengths of the first DecodeCase after Hypothesis's last example report (the shrunk or explicit example);
+    None when the failing test reported none (not a @given test, or no DecodeCase among its arguments)."""
+    reports = list(_REPORTED.finditer(output))
+    found = _LENGTHS.search(output, reports[-1].end()) if reports else None
+    if found is None:
         return None
-    return tuple(int(n) for n in found[-1].replace(" ", "").split(",") if n)
+    return tuple(int(n) for n in found.group(1).replace(" ", "").split(",") if n)
 
 
 def run_suite(
-    mutant: Mutant, workdir: Path, *, device: str = "auto", shrink: bool = True, timeout: float = 900.0
+    mutant: Mutant, workdir: Path, *, device: str = "auto", shrink: bool = True, explicit: bool = True,
+    timeout: float = 900.0,
 ) -> SuiteRun:
     """Materialise ``mutant`` under ``workdir`` and run the property suite against it.
 
     ``shrink=False`` skips Hypothesis's shrinking: the kill is found as fast, but the
-    counterexample is the first failing one, not a minimal one.
+    counterexample is the first failing one, not a minimal one. ``explicit=False``
+    skips the suite's pinned ``@example``s, leaving generated examples alone.
     """
     workdir = Path(workdir)
     impl = materialise(mutant, workdir)
     with tempfile.NamedTemporaryFile(suffix=".json", dir=workdir, delete=False) as handle:
         record = Path(handle.name)
     started = time.perf_counter()
-    command = suite_command(mutant, impl, workdir, device=device, shrink=shrink, record=record)
+    command = suite_command(mutant, impl, workdir, device=device, shrink=shrink, explicit=explicit, record=record)
     try:
         result = subprocess.run(command, cwd=ROOT, env=_child_environment(), capture_output=True, text=True,
                                 timeout=timeout)
