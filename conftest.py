@@ -35,8 +35,8 @@ profiles.register_profiles()
 settings.load_profile(profiles.default_profile())
 
 # Every case a test builds is recorded (for its case file) and counted (for the run report).
-# Test modules import ``build`` after this line, so they get the observed one.
-cases.build = failures.observed(cases.build, failures.recorder.note_build, run_report.observe_case)
+cases.add_build_observer(failures.recorder.note_build)
+cases.add_build_observer(run_report.observe_case)
 
 _OPTIONS = (
     # flag, environment variable, default, choices, metavar, help

@@ -339,7 +339,17 @@ def _fill_junk(storage: torch.Tensor, fill: str, seed: int) -> None:
 # ---- the builder ----------------------------------------------------------------------------
 
 
-def build(case: DecodeCase, device: torch.device | str = "cpu") -> DecodeInputs:
+BuildObserver = Callable[[DecodeCase, DecodeInputs], None]
+_build_observers: list[BuildObserver] = []
+
+
+def add_build_observer(observer: BuildObserver) -> None:
+    """Call ``observer(case, inputs)`` after every ``build`` (the plugin's case recorder and run report)."""
+    if observer not in _build_observers:
+        _build_observers.append(observer)
+
+
+def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool = True) -> DecodeInputs:
     """Deterministically build the kernel arguments a case describes, on ``device``.
 
     Page ids come from a CPU generator, so the layout is the same everywhere; q and
@@ -347,7 +357,8 @@ def build(case: DecodeCase, device: torch.device | str = "cpu") -> DecodeInputs:
     the CPU and copying cost most of a GPU example's time), so a descriptor rebuilds
     bit-identical tensors on the same kind of device; case files carry the tensors
     themselves across devices. The pool is allocated and filled with junk on
-    ``device``, so a pool of millions of pages costs one fill there.
+    ``device``, so a pool of millions of pages costs one fill there. Observers
+    (``add_build_observer``) see the result unless ``observe`` is False.
     """
     if case.values not in VALUE_REGIMES:
         raise ValueError(f"unknown values={case.values!r}; expected one of {tuple(VALUE_REGIMES)}")
@@ -365,7 +376,7 @@ def build(case: DecodeCase, device: torch.device | str = "cpu") -> DecodeInputs:
     v_cache[slots, 0] = v_rows.to(torch.bfloat16)
     indptr = torch.tensor([0, *torch.tensor(case.lengths, dtype=torch.int64).cumsum(0).tolist()])
     junk_page = max(pool_size - 1, 0)  # in range, so a kernel that ignores the strides reads a wrong page, not memory
-    return DecodeInputs(
+    inputs = DecodeInputs(
         q=_place_q(q.to(torch.bfloat16), case.q_layout),
         k_cache=k_cache,
         v_cache=v_cache,
@@ -373,3 +384,6 @@ def build(case: DecodeCase, device: torch.device | str = "cpu") -> DecodeInputs:
         kv_indices=_place_index(indices, case.index_layout, junk_page, device),
         sm_scale=case.scale,
     )
+    for observer in _build_observers if observe else ():
+        observer(case, inputs)
+    return inputs

@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ INDEX_NAME = "index.jsonl"
 _MAX_CALLS = 4  # calls kept per example: a metamorphic property calls the kernel a few times
 
 __all__ = [
-    "FORMAT", "CaseFileError", "Recorder", "load_case", "observed", "recorder", "replay_command", "restore_call",
+    "FORMAT", "CaseFileError", "Recorder", "load_case", "recorder", "replay_command", "restore_call",
     "runs_index", "save_case", "versions",
 ]
 
@@ -61,20 +60,6 @@ class Recorder:
 
 
 recorder = Recorder()
-
-
-def observed(build: Callable, *observers: Callable[[Any, Any], None]) -> Callable:
-    """``build`` that passes each (case, inputs) it builds to ``observers`` (the recorder, the run report)."""
-
-    def observed_build(case, device="cpu"):
-        inputs = build(case, device)
-        for observe in observers:
-            observe(case, inputs)
-        return inputs
-
-    observed_build.__doc__, observed_build.__name__ = build.__doc__, build.__name__
-    observed_build.__wrapped__ = build
-    return observed_build
 
 
 # ---- portable tensors -----------------------------------------------------------------------
@@ -140,8 +125,7 @@ def _rebuilt_calls(case: Any) -> list[dict]:
     """The case's inputs built on the CPU (for noise-filled pools, the junk differs from the device's)."""
     from .cases import build
 
-    builder = getattr(build, "__wrapped__", build)  # not recorded: this is no test's build
-    inputs = builder(case, "cpu")
+    inputs = build(case, "cpu", observe=False)  # not recorded: this is no test's build
     return [{"args": [_portable(value) for value in inputs], "kwargs": {}}]
 
 
