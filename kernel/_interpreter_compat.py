@@ -20,7 +20,10 @@ import os
 
 import numpy as np
 
-__all__ = ["bf16_bits_to_float32", "float32_to_bf16_bits", "install", "installed_patches", "original_methods"]
+__all__ = [
+    "bf16_bits_to_float32", "float32_to_bf16_bits", "install", "installed_patches", "interpreter_enabled",
+    "original_methods",
+]
 
 _installed: list[str] = []
 _originals: dict[str, object] = {}  # InterpreterBuilder methods as Triton shipped them
@@ -39,7 +42,8 @@ def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), quiet_nan, rounded).astype(np.uint16)
 
 
-def _interpreter_enabled() -> bool:
+def interpreter_enabled() -> bool:
+    """Whether TRITON_INTERPRET selects Triton's CPU interpreter (as Triton reads the flag)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
@@ -104,7 +108,7 @@ def install() -> list[str]:
     Idempotent. A no-op outside interpreter mode, and for each defect that the
     installed Triton no longer has.
     """
-    if not _interpreter_enabled() or _installed:
+    if not interpreter_enabled() or _installed:
         return list(_installed)
     from triton.runtime.interpreter import InterpreterBuilder
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import os
 
 import torch
 
+from ._interpreter_compat import interpreter_enabled
 from ._kernel import gqa_paged_decode_kernel
 
 NUM_QO_HEADS = 32
@@ -19,10 +19,6 @@ BLOCK_N = 128
 DEFAULT_SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def _require_tensor(name: str, value, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -45,7 +41,7 @@ def _check_devices(tensors: dict[str, torch.Tensor]) -> torch.device:
     for name, tensor in tensors.items():
         if tensor.device != device:
             raise ValueError(f"{name} is on {tensor.device} but q is on {device}; all inputs must share a device")
-    if device.type == "cuda" or (device.type == "cpu" and _interpreting()):
+    if device.type == "cuda" or (device.type == "cpu" and interpreter_enabled()):
         return device
     raise ValueError(f"q is on {device}: the kernel needs CUDA tensors, or TRITON_INTERPRET=1 for CPU tensors")
 
