@@ -5,30 +5,20 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import given, note, target
-
-from reference import assert_within_bound, attend
+from hypothesis import given
 
 from .cases import build
+from .checks import run_and_check, steer_toward_the_bound
 from .session import current
 from .strategies import decode_cases
 
 LIMITS = current().limits
 
 
-def run_case(impl, case, device):
-    """Build the case, run the implementation and the oracle on it."""
-    inputs = build(case, device)
-    output, lse = impl(*inputs)
-    return inputs, output, lse, attend(*inputs)
-
-
 @given(case=decode_cases(limits=LIMITS))
 def test_output_and_lse_within_error_bound(impl, device, case):
-    _, output, lse, reference = run_case(impl, case, device)
-    worst = assert_within_bound(output, lse, reference, context=f"case {case}")
-    note(f"worst err/bound {worst:.3g}")
-    target(min(worst, 1e6), label="worst err/bound")
+    checked = run_and_check(impl, build(case, device), f"case {case}")
+    steer_toward_the_bound(checked.worst_ratio)
 
 
 @given(case=decode_cases(limits=LIMITS, min_empty=1))

@@ -10,12 +10,11 @@ short sequences, so this one draws only long ones, a few examples per value regi
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, note, settings, target
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import assert_within_bound, attend
-
 from .cases import build
+from .checks import run_and_check, steer_toward_the_bound
 from .strategies import SizeLimits, decode_cases
 
 # Where a dropped token (weight ~1/L) still clears the bound with margin, and the
@@ -44,8 +43,5 @@ def long_decode_cases(values: str) -> st.SearchStrategy:
 @given(data=st.data())
 def test_long_sequences_within_error_bound(impl, device, values, data):
     case = data.draw(long_decode_cases(values), label="case")
-    inputs = build(case, device)
-    output, lse = impl(*inputs)
-    worst = assert_within_bound(output, lse, attend(*inputs), context=f"case {case}")
-    note(f"worst err/bound {worst:.3g}")
-    target(min(worst, 1e6), label="worst err/bound")
+    checked = run_and_check(impl, build(case, device), f"case {case}")
+    steer_toward_the_bound(checked.worst_ratio)
