@@ -16,8 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 4, 128
-DEFAULT_SCALE = 1.0 / math.sqrt(HEAD_DIM)
+from reference.oracle import DEFAULT_SM_SCALE, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS
 
 # "pool_end" puts every page in the top slots of the pool: with a huge pool, page ids pass 2**22.
 PAGE_LAYOUTS = ("shuffled", "contiguous", "shared_prefix", "pool_end")
@@ -240,7 +239,7 @@ def _regime_dominant_token(gen, batch, rows):
     direction = _directions(gen)
     q = _along(direction, 10.0, _normal(gen, batch, NUM_QO_HEADS, HEAD_DIM))
     loud = torch.rand(rows, 1, 1, generator=gen, device=gen.device) < batch / max(rows, 1)
-    gap = 10.0 ** _uniform(gen, 1.0, 4.0) / (10.0 * DEFAULT_SCALE)
+    gap = 10.0 ** _uniform(gen, 1.0, 4.0) / (10.0 * DEFAULT_SM_SCALE)
     k = torch.where(loud, gap * direction, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM))
     return q, k, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
 

@@ -11,6 +11,7 @@ import torch
 from hypothesis import note, settings, target
 
 from reference import Reference, assert_within_bound, attend
+from reference.oracle import HEAD_DIM, NUM_QO_HEADS
 
 from .cases import DecodeInputs
 from .strategies import SizeLimits
@@ -54,7 +55,8 @@ def assert_result_metadata(output: torch.Tensor, lse: torch.Tensor, inputs: Deco
     __tracebackhide__ = True
     batch, device = inputs.q.shape[0], inputs.q.device
     for name, tensor, shape, dtype in (
-        ("output", output, (batch, 32, 128), torch.bfloat16), ("lse", lse, (batch, 32), torch.float32),
+        ("output", output, (batch, NUM_QO_HEADS, HEAD_DIM), torch.bfloat16),
+        ("lse", lse, (batch, NUM_QO_HEADS), torch.float32),
     ):
         got = (tuple(tensor.shape), tensor.dtype, tensor.device)
         assert got == (shape, dtype, device), f"{context}\n{name} is {got}, expected {(shape, dtype, device)}"
