@@ -98,7 +98,7 @@ def random_case(rng: random.Random, regimes: list[str], max_len: int, max_batch:
 
     lengths = tuple(random_length(rng, max_len) for _ in range(rng.randint(1, max_batch)))
     return DecodeCase(
-        lengths=lengths, layout="shuffled", spare_pages=rng.randint(0, 64), pool_fill="nan",
+        lengths=lengths, page_layout="shuffled", spare_pages=rng.randint(0, 64), pool_fill="nan",
         scale=random_scale(rng), values=rng.choice(regimes), seed=rng.randrange(2**32),
     )
 

@@ -34,7 +34,7 @@ class DecodeCase:
     """Everything needed to rebuild one kernel call.
 
     lengths: tokens per sequence (the batch is ``len(lengths)``).
-    layout: how page ids are assigned (``PAGE_LAYOUTS``).
+    page_layout: how page ids are assigned (``PAGE_LAYOUTS``).
     spare_pages: pool pages that no sequence references.
     pool_fill: what unreferenced pages hold (``POOL_FILLS``).
     scale: sm_scale passed to the kernel; None for its default.
@@ -46,7 +46,7 @@ class DecodeCase:
     """
 
     lengths: tuple[int, ...]
-    layout: str = "shuffled"
+    page_layout: str = "shuffled"
     spare_pages: int = 0
     pool_fill: str = "nan"
     scale: float | None = None
@@ -85,7 +85,7 @@ def _shared_prefix_tokens(lengths: tuple[int, ...], gen: torch.Generator) -> int
 def page_ids(case: DecodeCase, gen: torch.Generator) -> tuple[torch.Tensor, int]:
     """kv_indices (int64, CPU) for the case's layout, and the pool size."""
     lengths = case.lengths
-    if case.layout == "shared_prefix":
+    if case.page_layout == "shared_prefix":
         prefix = _shared_prefix_tokens(lengths, gen)
         distinct = prefix + sum(n - prefix for n in lengths if n > 0)
         pool = distinct + case.spare_pages
@@ -101,9 +101,9 @@ def page_ids(case: DecodeCase, gen: torch.Generator) -> tuple[torch.Tensor, int]
         return (torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)), pool
     total = sum(lengths)
     pool = total + case.spare_pages
-    if case.layout == "shuffled":
+    if case.page_layout == "shuffled":
         return torch.randperm(pool, generator=gen)[:total], pool
-    if case.layout == "contiguous":
+    if case.page_layout == "contiguous":
         # Each sequence owns one run of consecutive pages; runs are placed in random
         # order with the spare pages spread as gaps between them.
         order = torch.randperm(len(lengths), generator=gen).tolist()
@@ -116,9 +116,9 @@ def page_ids(case: DecodeCase, gen: torch.Generator) -> tuple[torch.Tensor, int]
             cursor += lengths[b]
         pieces = [torch.arange(s, s + n) for s, n in zip(starts, lengths)]
         return (torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)), pool
-    if case.layout == "pool_end":
+    if case.page_layout == "pool_end":
         return pool - total + torch.randperm(total, generator=gen), pool
-    raise ValueError(f"unknown layout={case.layout!r}; expected one of {PAGE_LAYOUTS}")
+    raise ValueError(f"unknown page_layout={case.page_layout!r}; expected one of {PAGE_LAYOUTS}")
 
 
 # ---- values ---------------------------------------------------------------------------------

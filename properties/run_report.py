@@ -28,7 +28,7 @@ _BUCKETS = {
     "pool pages": ([16, 256, 4096, 65536], ["<=16", "17-256", "257-4096", "4097-65536", ">65536"]),
     "worst err/bound": ([0.01, 0.1, 0.5, 1.0], ["<=0.01", "0.01-0.1", "0.1-0.5", "0.5-1", ">1 (fail)"]),
 }
-DIMENSIONS = ("batch", "length", "empty", "pool pages", "layout", "pool fill", "scale", "values",
+DIMENSIONS = ("batch", "length", "empty", "pool pages", "page layout", "pool fill", "scale", "values",
               "q layout", "kv layout", "index layout", "worst err/bound")
 _WORST_LABEL = re.compile(r"err/bound|worst", re.IGNORECASE)
 
@@ -79,7 +79,7 @@ class Tally:
         if pool_pages is not None:
             self.counts["pool pages"][bucket("pool pages", pool_pages)] += 1
         self.counts["scale"][_scale_kind(getattr(case, "scale", None))] += 1
-        for dimension, attribute in (("layout", "layout"), ("pool fill", "pool_fill"), ("values", "values"),
+        for dimension, attribute in (("page layout", "page_layout"), ("pool fill", "pool_fill"), ("values", "values"),
                                      ("q layout", "q_layout"), ("kv layout", "kv_layout"),
                                      ("index layout", "index_layout")):
             if hasattr(case, attribute):
@@ -123,7 +123,7 @@ def observe_case(case: Any, inputs: Any) -> None:
             lengths = tuple(getattr(case, "lengths", ()))
             event(f"batch {bucket('batch', len(lengths))}")
             event(f"longest sequence {bucket('length', max(lengths, default=0))}")
-            event(f"layout {getattr(case, 'layout', '?')}, values {getattr(case, 'values', '?')}")
+            event(f"page layout {getattr(case, 'page_layout', '?')}, values {getattr(case, 'values', '?')}")
     except ImportError:  # an old Hypothesis: statistics go without these labels
         pass
 

@@ -85,7 +85,7 @@ def decode_cases(
     limits: SizeLimits = SizeLimits(),
     min_batch: int = 1,
     min_empty: int = 0,
-    layouts: tuple[str, ...] = DEFAULT_PAGE_LAYOUTS,
+    page_layouts: tuple[str, ...] = DEFAULT_PAGE_LAYOUTS,
     values: tuple[str, ...] = DEFAULT_REGIMES,
     q_layouts: tuple[str, ...] = Q_LAYOUTS[:1],
     kv_layouts: tuple[str, ...] = KV_LAYOUTS[:1],
@@ -107,7 +107,7 @@ def decode_cases(
     if not 0 <= min_spare_pages <= limits.max_spare_pages:
         raise InvalidArgument(f"min_spare_pages={min_spare_pages} must lie in [0, {limits.max_spare_pages}]")
     for name, chosen, allowed in (
-        ("layouts", layouts, PAGE_LAYOUTS), ("values", values, tuple(VALUE_REGIMES)),
+        ("page_layouts", page_layouts, PAGE_LAYOUTS), ("values", values, tuple(VALUE_REGIMES)),
         ("q_layouts", q_layouts, Q_LAYOUTS), ("kv_layouts", kv_layouts, KV_LAYOUTS),
         ("index_layouts", index_layouts, INDEX_LAYOUTS), ("pool_fills", pool_fills, POOL_FILLS),
     ):
@@ -119,7 +119,7 @@ def decode_cases(
         lengths = [0 if i in empty else n for i, n in enumerate(lengths)]
     return DecodeCase(
         lengths=tuple(lengths),
-        layout=draw(st.sampled_from(layouts)),
+        page_layout=draw(st.sampled_from(page_layouts)),
         spare_pages=draw(st.integers(min_spare_pages, limits.max_spare_pages)),
         pool_fill=draw(st.sampled_from(pool_fills)),
         scale=draw(scales() if sm_scales is None else sm_scales),

@@ -25,15 +25,15 @@ pytestmark = pytest.mark.gpu
 
 @share_of_examples(0.1, at_least=5)
 @given(case=decode_cases(
-    limits=HUGE, min_spare_pages=PAGE_ID_LIMIT + 8192, layouts=("pool_end", "shuffled"), pool_fills=("nan", "inf"),
+    limits=HUGE, min_spare_pages=PAGE_ID_LIMIT + 8192, page_layouts=("pool_end", "shuffled"), pool_fills=("nan", "inf"),
     kv_layouts=("separate", "combined", "heads_outer", "dim_outer", "padded_dim"),
 ))
 # The seed computed page_id * stride in int32: page 2**22 is the first to wrap.
-@example(case=DecodeCase(lengths=(1,), layout="pool_end", spare_pages=PAGE_ID_LIMIT))
+@example(case=DecodeCase(lengths=(1,), page_layout="pool_end", spare_pages=PAGE_ID_LIMIT))
 # Head-major pool: head 3 sits 3 * P * 128 elements in, past 2**31 for P above ~5.6M pages.
-@example(case=DecodeCase(lengths=(3, 1), layout="pool_end", spare_pages=6_000_000, kv_layout="heads_outer"))
+@example(case=DecodeCase(lengths=(3, 1), page_layout="pool_end", spare_pages=6_000_000, kv_layout="heads_outer"))
 # Dim-major pool: dim 127 sits 127 * P * 4 elements in, past 2**31 for P above ~4.23M pages.
-@example(case=DecodeCase(lengths=(3,), layout="pool_end", spare_pages=4_300_000, kv_layout="dim_outer"))
+@example(case=DecodeCase(lengths=(3,), page_layout="pool_end", spare_pages=4_300_000, kv_layout="dim_outer"))
 def test_page_ids_beyond_2_to_the_22_give_the_right_answer(impl, device, case):
     try:
         inputs = build(case, device)

@@ -53,7 +53,7 @@ def test_corpus_covers_every_defect_class():
 
 
 @pytest.mark.parametrize("case", [DecodeCase(lengths=(3, 0, 130), values="wide", seed=1),
-                                  DecodeCase(lengths=(1,), layout="contiguous", spare_pages=5, seed=2)])
+                                  DecodeCase(lengths=(1,), page_layout="contiguous", spare_pages=5, seed=2)])
 def test_unpatched_copy_is_bitwise_the_kernel(tmp_path, device, case):
     """Materialising itself changes nothing: every kill comes from the patch."""
     from kernel import run

@@ -18,7 +18,7 @@ DEFECT = (
     "        output[1, 5, 70:80] += 0.5\n"
     "    return output, lse\n"
 )
-CASE = DecodeCase(lengths=(3, 40, 0), layout="shared_prefix", spare_pages=5, seed=7)
+CASE = DecodeCase(lengths=(3, 40, 0), page_layout="shared_prefix", spare_pages=5, seed=7)
 
 
 def _defective(tmp_path) -> str:
