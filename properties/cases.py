@@ -16,7 +16,11 @@ from typing import NamedTuple
 
 import torch
 
-from reference.oracle import DEFAULT_SM_SCALE, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS
+from . import sibling
+
+_contract = sibling("reference")
+DEFAULT_SM_SCALE, HEAD_DIM = _contract.DEFAULT_SM_SCALE, _contract.HEAD_DIM
+NUM_KV_HEADS, NUM_QO_HEADS = _contract.NUM_KV_HEADS, _contract.NUM_QO_HEADS
 
 # "pool_end" puts every page in the top slots of the pool: with a huge pool, page ids pass 2**22.
 PAGE_LAYOUTS = ("shuffled", "contiguous", "shared_prefix", "pool_end")

@@ -10,14 +10,13 @@ from typing import NamedTuple
 import torch
 from hypothesis import note, settings, target
 
-from reference import Reference, assert_within_bound, attend
-from reference.oracle import HEAD_DIM, NUM_QO_HEADS
-
+from . import sibling
 from .cases import DecodeInputs
 from .strategies import SizeLimits
 
-OUTPUT_AXES = ("seq", "head", "dim")
-LSE_AXES = ("seq", "head")
+reference = sibling("reference")
+Reference, attend, assert_within_bound = reference.Reference, reference.attend, reference.assert_within_bound
+_compare = sibling("reference.compare")
 
 
 def share_of_examples(fraction: float, *, at_least: int = 5) -> settings:
@@ -55,43 +54,19 @@ def assert_result_metadata(output: torch.Tensor, lse: torch.Tensor, inputs: Deco
     __tracebackhide__ = True
     batch, device = inputs.q.shape[0], inputs.q.device
     for name, tensor, shape, dtype in (
-        ("output", output, (batch, NUM_QO_HEADS, HEAD_DIM), torch.bfloat16),
-        ("lse", lse, (batch, NUM_QO_HEADS), torch.float32),
+        ("output", output, (batch, reference.NUM_QO_HEADS, reference.HEAD_DIM), torch.bfloat16),
+        ("lse", lse, (batch, reference.NUM_QO_HEADS), torch.float32),
     ):
         got = (tuple(tensor.shape), tensor.dtype, tensor.device)
         assert got == (shape, dtype, device), f"{context}\n{name} is {got}, expected {(shape, dtype, device)}"
-
-
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """The raw bit patterns (NaN compares equal to the same NaN)."""
-    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    return tensor.detach().contiguous().view(integer)
-
-
-def bitwise_mismatch(actual: torch.Tensor, expected: torch.Tensor, name: str, axes: tuple[str, ...]) -> str:
-    """'' when shape, dtype and every bit agree, else a one-line report naming the first differing element."""
-    if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        return f"{name}: {list(actual.shape)} {actual.dtype}, expected {list(expected.shape)} {expected.dtype}"
-    differs = _bits(actual).cpu() != _bits(expected).cpu()
-    count = int(differs.sum())
-    if not count:
-        return ""
-    first = [int(i) for i in torch.nonzero(differs)[0]]
-    where = ", ".join(f"{axis}={i}" for axis, i in zip(axes, first))
-    got, want = actual.cpu()[tuple(first)].item(), expected.cpu()[tuple(first)].item()
-    return f"{name} differs in {count} / {differs.numel()} elements; first at ({where}): got {got!r}, expected {want!r}"
 
 
 def assert_same_result(actual: tuple[torch.Tensor, torch.Tensor], expected: tuple[torch.Tensor, torch.Tensor],
                        context: str) -> None:
     """Output and lse bit for bit equal."""
     __tracebackhide__ = True
-    problems = [
-        bitwise_mismatch(actual[0], expected[0], "output", OUTPUT_AXES),
-        bitwise_mismatch(actual[1], expected[1], "lse", LSE_AXES),
-    ]
-    problems = [p for p in problems if p]
-    assert not problems, "\n".join([context, *problems])
+    _compare.raise_if_any([_compare.compare(name, a, e) for name, a, e in zip(("output", "lse"), actual, expected)],
+                          context)
 
 
 def _storage_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -110,13 +85,11 @@ def snapshot(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
 def assert_unchanged(inputs: DecodeInputs, before: dict[str, torch.Tensor], context: str) -> None:
     """Every input storage still holds the bits ``snapshot`` recorded."""
     __tracebackhide__ = True
-    axes = ("i", "j", "k", "l", "m")
-    problems = [
-        bitwise_mismatch(_storage_of(getattr(inputs, name)), saved, f"{name} (whole storage)", axes)
-        for name, saved in before.items()
-    ]
-    problems = [p for p in problems if p]
-    assert not problems, "\n".join([context, "the call wrote into its inputs:", *problems])
+    _compare.raise_if_any(
+        [_compare.compare(f"{name} (whole storage)", _storage_of(getattr(inputs, name)), saved)
+         for name, saved in before.items()],
+        f"{context}\nthe call wrote into its inputs:",
+    )
 
 
 @contextlib.contextmanager

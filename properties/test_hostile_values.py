@@ -13,10 +13,8 @@ import pytest
 from hypothesis import assume, example, given, note
 from hypothesis import strategies as st
 
-from reference import assert_within_bound, attend
-
 from .cases import HOSTILE_REGIMES, KV_LAYOUTS, POOL_FILLS, DecodeCase, build
-from .checks import assert_same_result, run_and_check, share_of_examples, shorter
+from .checks import assert_same_result, assert_within_bound, attend, run_and_check, share_of_examples, shorter
 from .session import current
 from .strategies import decode_cases, hostile_scales
 from .transforms import poison_page, reference_rows, sequences_reading

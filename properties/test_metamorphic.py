@@ -13,10 +13,9 @@ import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from reference import assert_within_bound
-
 from .cases import KV_LAYOUTS, Q_LAYOUTS, build
 from .checks import (
+    assert_within_bound,
     assert_result_metadata,
     assert_same_result,
     assert_unchanged,

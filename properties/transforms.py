@@ -9,11 +9,11 @@ import math
 
 import torch
 
-from reference import Reference
+from . import sibling
+from .cases import DecodeInputs
 
-from .cases import NUM_KV_HEADS, NUM_QO_HEADS, DecodeInputs
-
-GROUP = NUM_QO_HEADS // NUM_KV_HEADS
+reference = sibling("reference")
+Reference, GROUP, NUM_KV_HEADS = reference.Reference, reference.GROUP, reference.NUM_KV_HEADS
 
 
 def sequence_bounds(inputs: DecodeInputs) -> list[tuple[int, int]]:

@@ -1,34 +1,65 @@
-"""One comparison of an implementation's result against the oracle, with a readable report."""
+"""The one comparison of a result with what it should be, and the one report of a mismatch.
+
+Against the oracle, an element passes when ``|actual - expected| <= bound`` (NaN never,
+infinities only exactly). Bit-for-bit equality is the same comparison at zero distance:
+``bound=None`` compares raw bit patterns, so NaN equals the same NaN and -0 differs from 0.
+Every property, the replay command and the benchmarks report through ``Mismatch``.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from .oracle import Reference
 
-__all__ = ["Mismatch", "assert_within_bound", "check_against_reference", "error_ratio"]
+__all__ = ["AXES", "Mismatch", "assert_within_bound", "check_against_reference", "compare", "error_ratio"]
 
-_OUTPUT_AXES = ("seq", "head", "dim")
-_LSE_AXES = ("seq", "head")
+# Axis names of each result, for "worst at (seq=1, head=5, dim=77)"; other tensors get i, j, k, ...
+AXES = {"output": ("seq", "head", "dim"), "lse": ("seq", "head")}
+_GENERIC_AXES = ("i", "j", "k", "l", "m", "n")
 
 
 @dataclass(frozen=True)
 class Mismatch:
-    """How one result tensor compares with the reference: empty ``message`` means within bound."""
+    """How one tensor compares: ``count`` of ``total`` elements off, and the worst one.
+
+    ``bound`` is None for a bitwise comparison. ``problem`` describes a metadata
+    mismatch (shape or dtype), in which case no element was compared.
+    """
 
     name: str
-    worst_ratio: float  # max err / bound over finite elements (inf where the bound is 0 and err > 0)
-    message: str
+    count: int = 0
+    total: int = 0
+    worst_ratio: float = 0.0  # max err / bound (inf where the bound is 0 and err > 0)
+    worst_index: tuple[int, ...] = ()
+    actual: float = 0.0
+    expected: float = 0.0
+    err: float = 0.0
+    bound: float | None = None
+    axes: tuple[str, ...] = ()
+    problem: str = ""
 
+    @property
+    def ok(self) -> bool:
+        return not self.problem and self.count == 0
 
-def _where(axes: tuple[str, ...], flat_index: int, shape: torch.Size) -> str:
-    coords = []
-    for size in reversed(shape):
-        coords.append(flat_index % size)
-        flat_index //= size
-    return ", ".join(f"{axis}={c}" for axis, c in zip(axes, reversed(coords)))
+    @property
+    def message(self) -> str:
+        """'' when within bound, else one line: what, how many, and the worst element with its address."""
+        if self.problem:
+            return f"{self.name}: {self.problem}"
+        if self.ok:
+            return ""
+        where = ", ".join(f"{axis}={i}" for axis, i in zip(self.axes, self.worst_index))
+        share = f"{self.count} / {self.total} ({100.0 * self.count / self.total:.2g}%)"
+        if self.bound is None:
+            return (f"{self.name} differs bitwise in {share} elements; first at ({where}): "
+                    f"got {self.actual!r}, expected {self.expected!r}")
+        return (f"{self.name} not within bound: mismatched {share}; worst at ({where}): got {self.actual:.6g}, "
+                f"expected {self.expected:.6g}, err {self.err:.3g}, bound {self.bound:.3g} ({self.worst_ratio:.3g}x)")
 
 
 def error_ratio(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,39 +71,79 @@ def error_ratio(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tenso
     return err, torch.where(err == 0, 0.0, err / bound)
 
 
-def _compare(name: str, axes, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> Mismatch:
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    return tensor.detach().contiguous().view(integer)
+
+
+def _unravel(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
+    coords = []
+    for size in reversed(shape):
+        coords.append(flat_index % size)
+        flat_index //= size
+    return tuple(reversed(coords))
+
+
+def _metadata_problem(actual: torch.Tensor, expected: torch.Tensor, bitwise: bool) -> str:
     if actual.shape != expected.shape:
-        return Mismatch(name, float("inf"), f"{name}: shape {list(actual.shape)}, expected {list(expected.shape)}")
-    actual = actual.double().to(expected.device)
-    err, ratio = error_ratio(actual, expected, bound)
-    bad = ratio > 1
-    worst = int(ratio.argmax()) if ratio.numel() else 0
-    worst_ratio = float(ratio.flatten()[worst]) if ratio.numel() else 0.0
-    if not bool(bad.any()):
-        return Mismatch(name, worst_ratio, "")
-    count, total = int(bad.sum()), bad.numel()
-    flat = lambda t: float(t.flatten()[worst])  # noqa: E731
-    message = (
-        f"{name} not within bound: mismatched {count} / {total} ({100.0 * count / total:.2g}%); "
-        f"worst at ({_where(axes, worst, expected.shape)}): got {flat(actual):.6g}, "
-        f"expected {flat(expected):.6g}, err {flat(err):.3g}, bound {flat(bound):.3g} ({worst_ratio:.3g}x)"
+        return f"shape {list(actual.shape)}, expected {list(expected.shape)}"
+    if bitwise and actual.dtype != expected.dtype:
+        return f"dtype {actual.dtype}, expected {expected.dtype}"
+    return ""
+
+
+def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor | None = None,
+            axes: tuple[str, ...] | None = None) -> Mismatch:
+    """Compare ``actual`` with ``expected`` element-wise, within ``bound``, or bit for bit when it is None."""
+    axes = axes or AXES.get(name, _GENERIC_AXES)
+    problem = _metadata_problem(actual, expected, bound is None)
+    if problem:
+        return Mismatch(name, worst_ratio=math.inf, axes=axes, problem=problem)
+    if bound is None:
+        actual_cpu, expected_cpu = actual.detach().cpu(), expected.detach().cpu()
+        off = _bits(actual_cpu) != _bits(expected_cpu)
+        ratio = torch.where(off, math.inf, 0.0)
+        worst = int(torch.nonzero(off.flatten())[0]) if bool(off.any()) else 0
+        err = None
+    else:
+        actual_cpu, expected_cpu = actual, expected
+        err, ratio = error_ratio(actual, expected, bound)
+        off = ratio > 1
+        worst = int(ratio.argmax()) if ratio.numel() else 0
+    count, total = int(off.sum()), off.numel()
+    if not count:
+        worst_ratio = float(ratio.flatten()[worst]) if ratio.numel() else 0.0
+        return Mismatch(name, 0, total, worst_ratio, axes=axes)
+
+    def at(tensor: torch.Tensor) -> float:
+        return float(tensor.flatten()[worst])
+
+    return Mismatch(
+        name, count, total, at(ratio), _unravel(worst, expected.shape), at(actual_cpu), at(expected_cpu),
+        err=at(err) if err is not None else math.inf, bound=at(bound) if bound is not None else None, axes=axes,
     )
-    return Mismatch(name, worst_ratio, message)
 
 
-def check_against_reference(output: torch.Tensor, lse: torch.Tensor, reference: Reference) -> list[Mismatch]:
-    """Compare output and LSE element-wise: |actual - ref| <= bound, NaN never, infinities exactly."""
-    return [
-        _compare("output", _OUTPUT_AXES, output, reference.output, reference.output_bound),
-        _compare("lse", _LSE_AXES, lse, reference.lse, reference.lse_bound),
-    ]
+def check_against_reference(output: torch.Tensor, lse: torch.Tensor | None, reference: Reference) -> list[Mismatch]:
+    """Output (and lse, unless None: an implementation that returns none) against the oracle's answer and bound."""
+    checked = [compare("output", output, reference.output, reference.output_bound)]
+    if lse is not None:
+        checked.append(compare("lse", lse, reference.lse, reference.lse_bound))
+    return checked
 
 
-def assert_within_bound(output: torch.Tensor, lse: torch.Tensor, reference: Reference, context: str = "") -> float:
+def raise_if_any(mismatches: list[Mismatch], context: str = "") -> None:
+    """AssertionError with every mismatch's message (after ``context``) when any element is off."""
+    __tracebackhide__ = True
+    failed = [m.message for m in mismatches if not m.ok]
+    if failed:
+        raise AssertionError("\n".join(([context] if context else []) + failed))
+
+
+def assert_within_bound(output: torch.Tensor, lse: torch.Tensor | None, reference: Reference,
+                        context: str = "") -> float:
     """Raise AssertionError with a report unless both results are within bound; return the worst err/bound."""
     __tracebackhide__ = True
     mismatches = check_against_reference(output, lse, reference)
-    failed = [m.message for m in mismatches if m.message]
-    if failed:
-        raise AssertionError("\n".join(([context] if context else []) + failed))
+    raise_if_any(mismatches, context)
     return max(m.worst_ratio for m in mismatches)

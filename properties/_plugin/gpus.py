@@ -1,30 +1,21 @@
-"""xdist workers on GPUs, and Hypothesis properties split into shards.
+"""xdist workers on GPUs: which GPU each worker claims, and what ``-n auto`` means.
 
-GPUs: on a GPU host ``-n auto`` starts one worker per visible GPU (``--workers-per-gpu``
+On a GPU host ``-n auto`` starts one worker per visible GPU (``--workers-per-gpu``
 for more). The controller counts the GPUs and exports their ids; each worker, when
 conftest.py is imported and before anything touches CUDA, claims a free slot (a lock
 file held for the life of the process, so a worker that replaces a crashed one takes
 over the dead worker's GPU) and pins itself there with ``CUDA_VISIBLE_DEVICES``. Each
 slot has its own ``TRITON_CACHE_DIR`` (concurrent writers of one Triton cache race).
 
-Shards: a ``@given`` test is one pytest item and xdist spreads items, never examples.
-Each property in ``properties/`` is therefore parametrized into shards (one per worker
-by default); a shard runs its share of the examples with its own seed, so shards
-explore different examples even under a derandomized profile.
-
 Nothing here imports torch at module level: it runs before the worker is pinned.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import hashlib
-import math
 import os
 import re
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +23,8 @@ GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
 SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
-__all__ = [
-    "Pin", "Shard", "auto_worker_count", "claim_slot", "export_gpus", "pin_this_worker", "release_slots", "shard_count",
-    "shard_settings", "sharded",
-]
-
-
-# ---- GPU pinning ----------------------------------------------------------------------------
+__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "pin_this_worker", "release_slots",
+           "visible_gpu_ids"]
 
 
 @dataclass(frozen=True)
@@ -150,72 +136,3 @@ def auto_worker_count(device_choice: str, workers_per_gpu: int) -> int | None:
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return count * workers_per_gpu if count else None
-
-
-# ---- shards ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Shard ``index`` (from 0) of ``count``."""
-
-    index: int
-    count: int
-
-    def __str__(self) -> str:
-        return f"shard{self.index + 1}of{self.count}"
-
-
-def shard_count(option: str | int) -> int:
-    """``--shards``: a positive number, or ``auto`` for one shard per xdist worker (1 without xdist)."""
-    if option == "auto":
-        return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    try:
-        count = int(option)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise ValueError(f"--shards={option!r}: expected a positive number or 'auto'")
-    return count
-
-
-def _seed(test_id: str, shard: Shard | None, forced_seed: object) -> int:
-    text = f"{test_id}|{shard}|{forced_seed}"
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
-
-
-def shard_settings(own, *, shard: Shard | None, profile_max_examples: int, max_examples: int | None):
-    """The settings one shard runs under: its share of the test's examples (rescaled by ``--max-examples``)."""
-    from hypothesis import settings
-
-    wanted = own.max_examples
-    if max_examples is not None:
-        wanted = max(1, round(own.max_examples * max_examples / max(profile_max_examples, 1)))
-    count = shard.count if shard else 1
-    return settings(own, max_examples=max(1, math.ceil(wanted / count)))
-
-
-@contextlib.contextmanager
-def sharded(
-    test, test_id: str, *, shard: Shard | None, profile_max_examples: int, max_examples: int | None,
-    forced_seed: object = None,
-) -> Iterator[None]:
-    """Run a ``@given`` test as one shard: its share of examples and, where runs are
-    reproducible (derandomized profile or ``--hypothesis-seed``), a seed of its own.
-
-    ``test`` is the function Hypothesis wrapped; its settings are restored afterwards.
-    """
-    function = getattr(test, "__func__", test)
-    own = function._hypothesis_internal_use_settings
-    saved_seed = function._hypothesis_internal_use_seed
-    function._hypothesis_internal_use_settings = shard_settings(
-        own, shard=shard, profile_max_examples=profile_max_examples, max_examples=max_examples
-    )
-    if shard is not None and saved_seed is None and (own.derandomize or forced_seed is not None):
-        # Otherwise every shard would draw the same examples from the same seed.
-        function._hypothesis_internal_use_seed = _seed(test_id, shard, forced_seed)
-    try:
-        yield
-    finally:
-        function._hypothesis_internal_use_settings = own
-        function._hypothesis_internal_use_seed = saved_seed

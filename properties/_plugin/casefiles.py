@@ -1,0 +1,274 @@
+"""Case files: each failing example saved, small, with what it takes to replay it anywhere.
+
+While a test runs, the plugin's ``Recorder`` keeps the last ``DecodeCase`` the test
+built (with the tensors built from it) and the implementation calls made since
+(Hypothesis re-runs the shrunk example last, so what is recorded when a test fails is
+the shrunk example). On failure one file is written under ``failures/``: the case
+descriptor, each call's arguments, the ``--impl`` target, the error, and the versions
+and device of the run.
+
+A case file never holds a page pool. The builder makes bit-identical tensors from a
+descriptor on any device, so an argument that *is* a built tensor is saved as a
+reference to it (``{"built": "k_cache"}``) and rebuilt on replay, also after a CUDA
+fault has made device memory unreadable. Any other tensor (a slice, a transformed
+copy) is saved whole, with its strides and the junk between its elements, while the
+file stays under ``MAX_CASE_FILE_BYTES``; beyond that it is described, not saved.
+``python -m properties.repro FILE`` replays the file on CPU or GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "gqa-decode-case/2"
+INDEX_NAME = "index.jsonl"
+MAX_CASE_FILE_BYTES = 4 * 2**20
+_MAX_CALLS = 4  # calls kept per example: a metamorphic property calls the kernel a few times
+_TEXT_LIMIT = 20000
+
+__all__ = [
+    "FORMAT", "MAX_CASE_FILE_BYTES", "ArtifactBudget", "CaseFileError", "Recorder", "load_case", "replay_command",
+    "restore_call", "runs_index", "save_case", "versions",
+]
+
+
+class CaseFileError(ValueError):
+    """A file that is not a case file this version can read; the message says why."""
+
+
+@dataclass
+class Recorder:
+    """What the running test last built and called (one test at a time per process)."""
+
+    nodeid: str | None = None
+    case: Any = None
+    built: Any = None  # the DecodeInputs built from ``case``
+    calls: list[tuple[tuple, dict]] = field(default_factory=list)
+
+    def begin(self, nodeid: str) -> None:
+        self.nodeid, self.case, self.built, self.calls = nodeid, None, None, []
+
+    def note_build(self, case: Any, inputs: Any = None) -> None:
+        self.case, self.built, self.calls = case, inputs, []
+
+    def note_call(self, args: tuple, kwargs: dict) -> None:
+        self.calls = [*self.calls[-(_MAX_CALLS - 1):], (args, kwargs)]
+
+    @property
+    def used(self) -> bool:
+        return self.case is not None or bool(self.calls)
+
+
+# ---- portable arguments ---------------------------------------------------------------------
+
+
+def _span(value: torch.Tensor) -> int:
+    """Elements of storage from its start to the view's last element (the gaps included)."""
+    if not value.numel():
+        return value.storage_offset()
+    return value.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride()) if n > 0)
+
+
+def _geometry(value: torch.Tensor) -> dict:
+    return {"size": list(value.shape), "stride": list(value.stride()), "offset": value.storage_offset(),
+            "dtype": str(value.dtype).removeprefix("torch.")}
+
+
+class _Packer:
+    """Turns one call's arguments into portable values within a byte allowance."""
+
+    def __init__(self, built: Any, allowance: int, device_readable: bool) -> None:
+        self.built = {id(t): name for name, t in built._asdict().items()} if built is not None else {}
+        self.allowance = allowance
+        self.device_readable = device_readable
+
+    def pack(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if id(value) in self.built:
+            return {"built": self.built[id(value)]}
+        nbytes = _span(value) * value.element_size()
+        if not self.device_readable:
+            return {"omitted": "device memory was unreadable after a CUDA fault", **_geometry(value)}
+        if nbytes > self.allowance:
+            return {"omitted": f"{nbytes} bytes, over the case file's {MAX_CASE_FILE_BYTES} byte limit",
+                    **_geometry(value)}
+        self.allowance -= nbytes
+        flat = value.as_strided((_span(value),), (1,), 0).detach().cpu().clone()
+        return {"tensor": flat, **_geometry(value)}
+
+
+def _packed_calls(record: Recorder, device_readable: bool) -> list[dict]:
+    packer = _Packer(record.built, MAX_CASE_FILE_BYTES, device_readable)
+    calls = [{"args": [packer.pack(a) for a in args], "kwargs": {k: packer.pack(v) for k, v in kwargs.items()}}
+             for args, kwargs in record.calls]
+    if not calls and record.built is not None:  # faulted before any call was recorded: replay the built call
+        calls = [{"args": [packer.pack(a) for a in record.built], "kwargs": {}}]
+    return calls
+
+
+def _restored(value: Any, device: torch.device, built: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    if "built" in value:
+        return getattr(built, value["built"])
+    if "tensor" in value:
+        return value["tensor"].to(device).as_strided(value["size"], value["stride"], value["offset"])
+    if "omitted" in value:
+        raise CaseFileError(f"an argument of shape {value['size']} was not saved: {value['omitted']}")
+    return value
+
+
+def restore_call(call: dict, device: torch.device | str, case: Any = None) -> tuple[tuple, dict]:
+    """A recorded call's arguments on ``device``, with their original strides; built arguments are rebuilt
+    from ``case`` (a ``DecodeCase``)."""
+    from ..cases import build
+
+    device = torch.device(device)
+    needs_build = any(isinstance(v, dict) and "built" in v for v in [*call["args"], *call["kwargs"].values()])
+    if needs_build and case is None:
+        raise CaseFileError("the call refers to built inputs but the case file holds no case descriptor")
+    built = build(case, device) if needs_build else None
+    args = tuple(_restored(value, device, built) for value in call["args"])
+    kwargs = {name: _restored(value, device, built) for name, value in call["kwargs"].items()}
+    return args, kwargs
+
+
+def case_from_fields(fields: dict | None) -> Any:
+    """The ``DecodeCase`` a case file describes (None when the example was built otherwise)."""
+    from ..cases import DecodeCase
+
+    if not fields:
+        return None
+    return DecodeCase(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+# ---- writing and reading --------------------------------------------------------------------
+
+
+def versions() -> dict[str, str]:
+    """Versions that decide whether a replay can differ: Python, torch, Triton, Hypothesis."""
+    import hypothesis
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    return {"python": platform.python_version(), "torch": str(torch.__version__), "triton": str(triton_version),
+            "hypothesis": str(hypothesis.__version__)}
+
+
+def device_name(device: torch.device) -> str:
+    """'cpu (Triton interpreter)' or the GPU's name; never raises (the CUDA context may be lost)."""
+    if device.type != "cuda":
+        return f"{device.type} (Triton interpreter)"
+    try:
+        return torch.cuda.get_device_name(device)
+    except Exception:  # noqa: BLE001 - a poisoned context must not stop the case file
+        return "cuda (name unavailable)"
+
+
+def _file_name(nodeid: str) -> str:
+    test = re.sub(r"[^A-Za-z0-9_.-]+", "-", nodeid.rpartition("::")[2]).strip("-")[:80] or "test"
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    return f"{test}-{stamp}-{os.getpid()}.pt"
+
+
+@dataclass(frozen=True)
+class ArtifactBudget:
+    """How many bytes of case files one run may write into the failures directory."""
+
+    max_bytes: int
+
+    def allows(self, directory: Path, run_id: str) -> bool:
+        """Whether the run's case files so far leave room for one more (of at most ``MAX_CASE_FILE_BYTES``)."""
+        used = sum(Path(entry["path"]).stat().st_size for entry in runs_index(directory, run_id)
+                   if Path(entry["path"]).is_file())
+        return used + MAX_CASE_FILE_BYTES <= self.max_bytes
+
+
+def save_case(
+    directory: Path, record: Recorder, *, error: str, impl_spec: str, device: torch.device, profile: str,
+    run_id: str, hypothesis_output: str = "", device_readable: bool = True,
+) -> Path:
+    """Write the example ``record`` holds as a case file; return its path.
+
+    ``device_readable=False`` after a sticky CUDA error: only built arguments are kept then.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    nodeid = record.nodeid or "unknown"
+    payload = {
+        "format": FORMAT,
+        "nodeid": nodeid,
+        "error": error[:_TEXT_LIMIT],
+        "hypothesis_output": hypothesis_output[:_TEXT_LIMIT],
+        "impl": impl_spec,
+        "device": str(device),
+        "device_name": device_name(device),
+        "versions": versions(),
+        "profile": profile,
+        "run_id": run_id,
+        "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "case_repr": repr(record.case) if record.case is not None else None,
+        "case_fields": dataclasses.asdict(record.case) if dataclasses.is_dataclass(record.case) else None,
+        "calls": _packed_calls(record, device_readable),
+    }
+    path = directory / _file_name(nodeid)
+    torch.save(payload, path)
+    line = json.dumps({"run_id": run_id, "nodeid": nodeid, "path": str(path),
+                       "error": error.splitlines()[0][:200] if error else ""})
+    with open(directory / INDEX_NAME, "a", encoding="utf-8") as index:  # one short line: an atomic append
+        index.write(line + "\n")
+    return path
+
+
+def load_case(path: Path | str) -> dict:
+    """Read a case file (tensors and plain data only: no code is unpickled)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CaseFileError(f"FILE={str(path)!r}: no such file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same clear message
+        raise CaseFileError(f"FILE={str(path)!r}: not a case file ({error})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CaseFileError(f"FILE={str(path)!r}: not a case file of format {FORMAT!r}")
+    return payload
+
+
+def runs_index(directory: Path, run_id: str) -> list[dict]:
+    """Index entries (nodeid, path, error) of the case files one run wrote."""
+    index = directory / INDEX_NAME
+    if not index.is_file():
+        return []
+    entries = []
+    for line in index.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("run_id") == run_id:
+            entries.append(entry)
+    return entries
+
+
+def replay_command(path: Path | str) -> str:
+    """The one command that replays a case file (path relative to the working directory when inside it)."""
+    path = Path(path)
+    try:
+        shown = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        shown = path
+    return f"python -m properties.repro {shown}"

@@ -1,0 +1,104 @@
+"""Crash containment: one faulting kernel call gives one failing test, never a poisoned run.
+
+A sticky CUDA error (an illegal address, say) poisons the CUDA context of the
+process: every later launch in it fails, and Hypothesis would go on "shrinking"
+towards examples that never faulted. So the implementation under test runs
+behind a guard that synchronises after each call, recognises a sticky error
+by its message, saves the example that faulted as a case file (rebuilt on the
+CPU from its descriptor: device memory is unreadable by then) and stops:
+
+- in an xdist worker it exits the process at once; xdist reports that one test
+  as crashed and starts a fresh worker (with a fresh CUDA context) for the rest;
+- without xdist it raises ``CudaContextLost``, which Hypothesis does not catch
+  (it derives from BaseException), and the plugin stops the session after it.
+
+The same path runs on CPU for an implementation that raises CUDA's message, so
+it is tested without a GPU (tests/test_crash_containment.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+CRASH_EXIT_CODE = 86
+
+# Sticky errors: after one of these the context is unusable (CUDA runtime API documentation).
+_STICKY = re.compile(
+    r"illegal memory access|illegal address|misaligned address|unspecified launch failure|"
+    r"device-side assert|illegal instruction|uncorrectable ECC error|hardware stack error|"
+    r"CUDA error: (an )?invalid program counter",
+    re.IGNORECASE,
+)
+
+__all__ = ["CRASH_EXIT_CODE", "CudaContextLost", "Guard", "is_sticky_cuda_error"]
+
+
+class CudaContextLost(BaseException):  # noqa: N818 - reads as what happened
+    """A sticky CUDA error: the process must stop running tests. BaseException so Hypothesis will not shrink."""
+
+
+def is_sticky_cuda_error(error: BaseException) -> bool:
+    """Whether ``error`` is a CUDA error that leaves the process's context unusable."""
+    return isinstance(error, (RuntimeError, CudaContextLost)) and bool(_STICKY.search(str(error)))
+
+
+class Guard:
+    """Contains sticky CUDA errors: ``save(message)`` writes the case file and returns its path, then the
+    worker exits (``in_worker``) or ``CudaContextLost`` is raised. One straight line, no callbacks up."""
+
+    def __init__(self, device: torch.device, *, save: Callable[[str], Path], nodeid: Callable[[], str | None],
+                 in_worker: bool, replay: Callable[[Path], str]) -> None:
+        self.device, self.save, self.nodeid, self.in_worker, self.replay = device, save, nodeid, in_worker, replay
+        self.lost: str | None = None  # set once the context is lost: whatever a test raises after that is this
+
+    def contain(self, error: BaseException) -> None:
+        """Save the faulting example, then exit the worker or raise ``CudaContextLost``."""
+        message = f"{type(error).__name__}: {error}"
+        try:
+            path = self.save(message)
+            note = f"case file {path}\nreplay: {self.replay(path)}"
+        except Exception as save_error:  # noqa: BLE001 - the exit must happen even if saving fails
+            note = f"could not save a case file: {save_error!r}"
+        text = f"\ngqa-decode: sticky CUDA error in {self.nodeid()}: {message}\n{note}\n"
+        if self.in_worker:
+            sys.stderr.write(text + "stopping this xdist worker; a fresh one takes over\n")
+            sys.stderr.flush()
+            os._exit(CRASH_EXIT_CODE)
+        self.lost = f"{message}\n{note}"
+        raise CudaContextLost(f"{message}\n{note}") from error
+
+    def wrap(self, impl: Callable, on_call: Callable[[tuple, dict], None]) -> Callable:
+        """``impl`` that reports each call to ``on_call`` and contains sticky CUDA errors."""
+        synchronize = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+
+        @functools.wraps(impl)
+        def guarded_impl(*args, **kwargs):
+            on_call(args, kwargs)
+            try:
+                result = impl(*args, **kwargs)
+                synchronize()  # a fault surfaces here, charged to this call, not to the oracle
+            except RuntimeError as error:
+                if is_sticky_cuda_error(error):
+                    self.contain(error)
+                raise
+            return result
+
+        return guarded_impl
+
+    def check_context(self) -> None:
+        """After a test: a sticky error still pending on the device is charged to that test."""
+        if self.device.type != "cuda":
+            return
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as error:
+            if is_sticky_cuda_error(error):
+                self.contain(error)
+            raise

@@ -1,0 +1,406 @@
+"""The suite's pytest plugin: options, then one ``SuiteRun`` object per run that owns its state.
+
+Loaded by the repository's conftest.py (``pytest_plugins``) or, when the suite is
+installed, by its ``pytest11`` entry point. A failing example travels one line, each
+stage owned by one module:
+
+  strategy (``strategies``) -> builder (``cases``) -> guarded call (``containment``) ->
+  oracle, bound and comparison (``reference``) -> verdict (``SuiteRun.pytest_runtest_makereport``)
+  -> case file (``casefiles``) -> run report (``run_report``) -> replay (``properties.repro``).
+"""
+
+from __future__ import annotations
+
+from . import gpus
+
+# An xdist worker claims its GPU before anything can initialise CUDA in this process.
+PIN = gpus.pin_this_worker()
+
+import datetime  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # noqa: E402
+
+from .. import cases, run_report  # noqa: E402
+from ..strategies import SizeLimits  # noqa: E402
+from . import casefiles, knobs, profiles, shards  # noqa: E402
+from .containment import CudaContextLost, Guard, is_sticky_cuda_error  # noqa: E402
+from .target import DEFAULT_IMPL, DeviceError, ImplSpecError, Target, load_target, resolve_device  # noqa: E402
+
+PROPERTY_SUITE = Path(__file__).resolve().parent.parent
+RUN_ID_ENV = "GQA_DECODE_RUN_ID"
+CLAIMS_DIR_ENV = "GQA_DECODE_CLAIMS_DIR"
+CONTRACTS = ("auto", "correct", "strict")
+
+profiles.register_profiles()
+# The hypothesis plugin's --hypothesis-profile, when given, overrides this at configure time.
+settings.load_profile(profiles.default_profile())
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"{text!r}: expected a positive whole number")
+    return number
+
+
+positive_int.__name__ = "positive whole number"  # argparse names the type in its error message
+
+_OPTIONS = (
+    # flag, environment variable, default, type, choices, metavar, help
+    ("--impl", "GQA_DECODE_IMPL", DEFAULT_IMPL, str, None, "TARGET",
+     "implementation under test: 'package.module:function' or 'path/to/file.py:function'"),
+    ("--device", "GQA_DECODE_DEVICE", "auto", str, ("auto", "cpu", "cuda"), None,
+     "where the kernel runs: cuda, cpu (Triton interpreter), or auto (cuda when available)"),
+    ("--contract", "GQA_DECODE_CONTRACT", "auto", str, CONTRACTS, None,
+     "claims to hold the implementation to: correct (what every correct implementation must do), strict "
+     "(also this project's kernel's promises: bitwise determinism, named errors); auto: strict for the "
+     "project's kernel, correct for any other --impl"),
+    ("--case-sizes", "GQA_DECODE_CASE_SIZES", None, str, tuple(profiles.CASE_SIZES), None,
+     "size limits of generated cases; default small on cpu, large on cuda"),
+    ("--workers-per-gpu", gpus.WORKERS_PER_GPU_ENV, "1", positive_int, None, "N",
+     "xdist workers per visible GPU under -n auto (default 1)"),
+    ("--shards", "GQA_DECODE_SHARDS", "auto", shards.shard_count, None, "N",
+     "split each property into N items with a share of the examples each; auto: one per xdist worker"),
+    ("--max-examples", "GQA_DECODE_MAX_EXAMPLES", None, positive_int, None, "N",
+     "examples per property instead of the profile's, shared among its shards"),
+    ("--failures-dir", "GQA_DECODE_FAILURES_DIR", "failures", str, None, "DIR",
+     "where failing examples are saved as case files"),
+    ("--failures-budget", "GQA_DECODE_FAILURES_BUDGET_MB", "1024", positive_int, None, "MB",
+     "most megabytes of case files one run writes (each file is at most 4 MB)"),
+    ("--run-report", "GQA_DECODE_REPORT_DIR", "reports", str, None, "DIR",
+     "where the run report goes, one folder per run; 'none' for no report"),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gqa-decode", "GQA paged-decode property suite")
+    for flag, env, default, kind, choices, metavar, text in _OPTIONS:
+        group.addoption(
+            flag, dest=flag.lstrip("-").replace("-", "_"), default=os.environ.get(env, default), type=kind,
+            choices=choices, metavar=metavar, help=f"{text} (env {env})",
+        )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: --workers-per-gpu workers per visible GPU; the core count without CUDA."""
+    return gpus.auto_worker_count(config.option.device, config.option.workers_per_gpu)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What this run tests, where, to which tier, and where its failures and report go."""
+
+    target: Target
+    device: torch.device
+    contract: str  # "correct" or "strict"
+    sizes: str
+    limits: SizeLimits
+    run_id: str
+    failures_dir: Path
+    failures_budget: casefiles.ArtifactBudget
+    report_dir: Path | None  # None: no run report
+    worker: str | None  # the xdist worker id, None outside xdist workers
+
+
+RUN = pytest.StashKey[RunState]()
+_active: RunState | None = None  # for test modules, which build their strategies when imported
+
+
+def current_run() -> RunState:
+    """The run being configured or collected; fails clearly outside pytest."""
+    if _active is None:
+        raise RuntimeError("the property suite's run state is set by its pytest plugin; run it through pytest")
+    return _active
+
+
+def _tier(option: str, spec: str) -> str:
+    if option != "auto":
+        return option
+    return "strict" if spec == DEFAULT_IMPL else "correct"
+
+
+def _run_state(config: pytest.Config) -> RunState:
+    option = config.option
+    try:
+        device = resolve_device(option.device)
+        target = load_target(option.impl, root=config.rootpath)
+    except (DeviceError, ImplSpecError) as error:
+        raise pytest.UsageError(str(error)) from None
+    worker = get_xdist_worker_id(config) if is_xdist_worker(config) else None
+    # The controller names the run and its workers inherit the name; a worker then drops it, so that a
+    # pytest it starts (tests/ does) is a run of its own.
+    run_id = os.environ.pop(RUN_ID_ENV, None) if worker else None
+    run_id = run_id or datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+    sizes = option.case_sizes or ("small" if device.type == "cpu" else "large")
+    report = option.run_report
+    return RunState(
+        target=target, device=device, contract=_tier(option.contract, option.impl), sizes=sizes,
+        limits=profiles.CASE_SIZES[sizes], run_id=run_id, failures_dir=config.rootpath / option.failures_dir,
+        failures_budget=casefiles.ArtifactBudget(option.failures_budget * 2**20),
+        report_dir=None if report == "none" else config.rootpath / report / run_id, worker=worker,
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _active
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped when the kernel runs in the interpreter")
+    config.addinivalue_line("markers", "strict: a claim of the strict tier only (--contract=strict)")
+    config.addinivalue_line("markers", "needs_lse: a claim about the LSE; skipped for an implementation "
+                                       "that declares returns_lse = False")
+    state = _run_state(config)
+    config.stash[RUN] = state
+    _active = state
+    config.pluginmanager.register(SuiteRun(config, state), "gqa-decode-run")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _active
+    _active = None
+
+
+def _profile_name() -> str:
+    # get_current_profile_name() is recent; the GPU image may carry an older Hypothesis.
+    getter = getattr(settings, "get_current_profile_name", None)
+    return getter() if getter else getattr(settings, "_current_profile", "?")
+
+
+def _is_property(function: object, path: Path) -> bool:
+    return shards.is_hypothesis_test(function) and Path(path).resolve().is_relative_to(PROPERTY_SUITE)
+
+
+class SuiteRun:
+    """One pytest run of the suite: its recorder, guard, shards and report; hooks and fixtures as methods."""
+
+    def __init__(self, config: pytest.Config, state: RunState) -> None:
+        self.config, self.state = config, state
+        self.recorder = casefiles.Recorder()
+        self.slots_dir: Path | None = None
+        self.own_claims_dir: Path | None = None
+        self.report_path: Path | None = None
+        self.started: dict[str, float] = {}
+        self.guard = Guard(state.device, save=self._save_after_fault, nodeid=lambda: self.recorder.nodeid,
+                           in_worker=state.worker is not None, replay=casefiles.replay_command)
+        self.shard_count = shards.resolved_shard_count(config.option.shards)
+        self.claims = shards.FailureClaims(self._claims_dir(config))
+        self.knob_draws = knobs.KnobDraws(state.target.knobs)
+        cases.add_build_observer(self.recorder.note_build)
+        cases.add_build_observer(run_report.observe_case)
+        if is_xdist_controller(config):
+            os.environ[RUN_ID_ENV] = state.run_id
+            if state.device.type == "cuda":
+                self.slots_dir = gpus.export_gpus(gpus.visible_gpu_ids(torch.cuda.device_count()),
+                                                  config.option.workers_per_gpu)
+        else:
+            for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
+                os.environ.pop(name, None)
+            run_report.listen_to_hypothesis()
+
+    def _claims_dir(self, config: pytest.Config) -> Path:
+        inherited = os.environ.get(CLAIMS_DIR_ENV) if is_xdist_worker(config) else None
+        if inherited:
+            return Path(inherited)
+        self.own_claims_dir = Path(tempfile.mkdtemp(prefix="gqa-decode-claims-"))
+        if is_xdist_controller(config):
+            os.environ[CLAIMS_DIR_ENV] = str(self.own_claims_dir)
+        return self.own_claims_dir
+
+    # ---- session -------------------------------------------------------------------------------
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        cases.remove_build_observer(self.recorder.note_build)
+        cases.remove_build_observer(run_report.observe_case)
+        for directory, pattern in ((self.slots_dir, "*.lock"), (self.own_claims_dir, "*")):
+            if directory is not None:
+                for path in directory.glob(pattern):
+                    path.unlink(missing_ok=True)
+                directory.rmdir()
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        state = self.state
+        lse = "" if state.target.returns_lse else " (no LSE: output checked alone)"
+        knob_text = f" knobs={','.join(state.target.knobs)}" if state.target.knobs else ""
+        return [f"gqa-decode: impl={state.target.spec}{lse}{knob_text} contract={state.contract} "
+                f"device={state.device} case-sizes={state.sizes} hypothesis-profile={_profile_name()} "
+                f"shards={config.option.shards} run={state.run_id}"]
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        reasons = {
+            "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
+            else None,
+            "strict": "a strict-tier claim (--contract=strict)" if self.state.contract != "strict" else None,
+            "needs_lse": "the implementation returns no LSE" if not self.state.target.returns_lse else None,
+        }
+        for item in items:
+            for marker, reason in reasons.items():
+                if reason and marker in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+
+    # ---- shards --------------------------------------------------------------------------------
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        function = metafunc.function
+        if self.shard_count < 2 or not _is_property(function, metafunc.definition.path):
+            return
+        if not shards.generates_examples(function):
+            return
+        metafunc.parametrize("hypothesis_shard", [shards.Shard(i, self.shard_count) for i in range(self.shard_count)],
+                             indirect=True, ids=str)
+
+    @pytest.fixture(autouse=True)
+    def hypothesis_shard(self, request: pytest.FixtureRequest):
+        """This property's shard (None when unsharded); applies its share of examples and its seed."""
+        shard = getattr(request, "param", None)
+        if request.scope != "function" or not _is_property(request.function, request.node.path):
+            yield shard
+            return
+        with shards.sharded(
+            request.function, shards.property_name(request.node.nodeid), shard=shard,
+            profile_max_examples=settings.default.max_examples, max_examples=self.config.option.max_examples,
+            forced_seed=self.config.getoption("hypothesis_seed", None),
+        ):
+            yield shard
+
+    @pytest.hookimpl(hookwrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "hypothesis_shard" not in callspec.params:
+            yield
+            return
+        shards.share_database_key(item)
+        with self.claims.watching(item):
+            yield
+
+    # ---- one test ------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.recorder.begin(item.nodeid)
+        run_report.begin(item.nodeid)
+        self.started[item.nodeid] = time.perf_counter()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        report = outcome.get_result()
+        if call.when == "call" and report.failed:
+            self._record_failure(item, call, report)
+        if call.when == "teardown" and self.state.report_dir is not None and _is_property(
+                getattr(item, "obj", None), item.path):
+            seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
+            run_report.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu())
+
+    def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
+        error = call.excinfo.value
+        lost = isinstance(error, CudaContextLost) or self.guard.lost is not None
+        if lost:  # saved already, by the guard; whatever was raised after the fault is that fault
+            item.session.shouldstop = f"the CUDA context was lost in {item.nodeid}; later tests would fail spuriously"
+            report.sections.append(("gqa-decode case file", (self.guard.lost or str(error)).partition("\n")[2]))
+            return
+        sticky = is_sticky_cuda_error(error)
+        if sticky and self.state.worker:
+            self.guard.contain(error)  # does not return
+        if not self.recorder.used:
+            return
+        path = self._save_case(call.excinfo.exconly(), str(getattr(item, "hypothesis_report_information", "")),
+                               device_readable=not sticky)
+        shown = f"{path}\nreplay: {casefiles.replay_command(path)}" if path else self._budget_note()
+        report.sections.append(("gqa-decode case file", shown))
+        if sticky:
+            item.session.shouldstop = f"the CUDA context was lost in {item.nodeid}; later tests would fail spuriously"
+
+    def _budget_note(self) -> str:
+        return (f"not saved: the run's case files reached --failures-budget="
+                f"{self.state.failures_budget.max_bytes // 2**20} MB")
+
+    def _save_case(self, error: str, hypothesis_output: str = "", device_readable: bool = True) -> Path | None:
+        state = self.state
+        if not state.failures_budget.allows(state.failures_dir, state.run_id):
+            return None
+        return casefiles.save_case(
+            state.failures_dir, self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
+            profile=_profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
+            device_readable=device_readable,
+        )
+
+    def _save_after_fault(self, error: str) -> Path:
+        path = self._save_case(error, device_readable=False)
+        if path is None:
+            raise RuntimeError(self._budget_note())
+        prop = shards.property_name(self.recorder.nodeid or "")
+        self.claims.claim(prop, self.recorder.nodeid or "")  # siblings of a crashing shard stop, not crash too
+        return path
+
+    def _gpu(self) -> str | None:
+        if self.state.device.type != "cuda":
+            return None
+        return PIN.gpu if PIN is not None and PIN.gpu else os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
+        """A worker died running ``crashitem``: add the case file it saved, if any, to the crash report."""
+        for entry in casefiles.runs_index(self.state.failures_dir, self.state.run_id):
+            if entry["nodeid"] == crashitem:
+                report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
+                                   f"replay: {casefiles.replay_command(entry['path'])}")
+
+    # ---- the end -------------------------------------------------------------------------------
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        directory = self.state.report_dir
+        if self.state.worker or directory is None or not directory.is_dir():
+            return
+        self.report_path = run_report.write_report(directory, self.state.run_id)
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+        state = self.state
+        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}"
+                                        + ("" if state.target.returns_lse else " (output only: no LSE)"))
+        saved = casefiles.runs_index(state.failures_dir, state.run_id)
+        if saved:
+            terminalreporter.write_sep("=", "gqa-decode: failures saved as case files")
+            for entry in saved:
+                terminalreporter.write_line(f"{entry['nodeid']}\n    {casefiles.replay_command(entry['path'])}")
+        if self.report_path is not None:
+            terminalreporter.write_sep("-", "gqa-decode run report")
+            table = [line for line in self.report_path.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("|")]
+            for line in table[:22]:
+                terminalreporter.write_line(line)
+            terminalreporter.write_line(f"report: {self.report_path} (summary.png beside it)")
+
+    # ---- fixtures ------------------------------------------------------------------------------
+
+    @pytest.fixture(scope="session")
+    def device(self) -> torch.device:
+        """The device the kernel under test runs on."""
+        return self.state.device
+
+    @pytest.fixture(scope="session")
+    def contract(self) -> str:
+        """The contract tier the implementation is held to: "correct" or "strict"."""
+        return self.state.contract
+
+    @pytest.fixture(scope="session")
+    def impl(self):
+        """The implementation under test (``--impl``): records its calls, draws its knobs, contains faults."""
+        function = self.knob_draws.applied_to(self.state.target.function)
+        return self.guard.wrap(function, self.recorder.note_call)
+
+    @pytest.fixture(autouse=True)
+    def cuda_context_check(self):
+        """After each test on CUDA: a sticky error still pending is charged to that test, then contained."""
+        yield
+        self.guard.check_context()

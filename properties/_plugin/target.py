@@ -1,0 +1,129 @@
+"""What is under test, and where: the ``--impl`` target, its declarations, and the device.
+
+A target is ``package.module:function`` or ``path/to/file.py:function``. The function
+has the contract's signature; it may declare, as attributes:
+
+- ``returns_lse = False``: it computes no final LSE and returns ``(output, None)``; the
+  suite then checks the output alone and says so in the report.
+- ``knobs = {"name": (default, other, ...)}``: keyword arguments that change how it
+  computes (split counts, block sizes); every property draws one value of each per
+  example, shrinking toward the first.
+
+The device is resolved once, here: on the CPU the kernel runs in Triton's interpreter,
+which must be switched on, with the bf16 compatibility layer, before any Triton kernel
+(ours or the target's) is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import NAMESPACE, sibling
+
+DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
+
+__all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "load_impl", "load_target", "resolve_device"]
+
+
+class DeviceError(ValueError):
+    """A device choice this machine cannot honour; the message names the fix."""
+
+
+def resolve_device(choice: str):
+    """``auto`` (cuda when available), ``cuda`` or ``cpu`` as a torch.device; on cpu, switch the
+    interpreter on and install its bf16 compatibility layer (before any Triton kernel is imported)."""
+    import torch
+
+    if choice not in ("auto", "cpu", "cuda"):
+        raise DeviceError(f"--device={choice!r}: expected auto, cpu or cuda")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device=cuda but torch sees no CUDA device; try --device=cpu")
+    if choice == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+        sibling("kernel._interpreter_compat").install()
+    return torch.device(choice)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The implementation under test and what it declares about itself."""
+
+    spec: str
+    function: Callable
+    returns_lse: bool = True
+    knobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+
+def _declared_knobs(spec: str, function: Callable) -> dict[str, tuple[Any, ...]]:
+    knobs = getattr(function, "knobs", None) or {}
+    if not isinstance(knobs, dict) or not all(
+        isinstance(name, str) and isinstance(values, (tuple, list)) and values for name, values in knobs.items()
+    ):
+        raise ImplSpecError(f"--impl={spec!r}: knobs must map keyword names to non-empty tuples of values")
+    return {name: tuple(values) for name, values in knobs.items()}
+
+
+def load_target(spec: str, root: Path | None = None) -> Target:
+    """The ``Target`` that ``spec`` names, with its declarations checked."""
+    function = load_impl(spec, root)
+    returns_lse = getattr(function, "returns_lse", True)
+    if not isinstance(returns_lse, bool):
+        raise ImplSpecError(f"--impl={spec!r}: returns_lse must be True or False, got {returns_lse!r}")
+    return Target(spec, function, returns_lse, _declared_knobs(spec, function))
+
+
+class ImplSpecError(ValueError):
+    """An ``--impl`` value that names no callable; the message says which part failed."""
+
+
+def _import_file(path: Path):
+    # A stable, unique module name per file lets Triton find the source and keeps two
+    # files with the same stem apart.
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    name = f"_impl_{path.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImplSpecError(f"--impl: cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_impl(spec: str, root: Path | None = None) -> Callable:
+    """Return the callable ``spec`` names; relative file paths resolve against ``root`` (default: cwd)."""
+    target, sep, attribute = spec.rpartition(":")
+    if not sep or not target or not attribute:
+        raise ImplSpecError(f"--impl={spec!r}: expected 'package.module:function' or 'path/to/file.py:function'")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_absolute():
+            path = (root or Path.cwd()) / path
+        if not path.is_file():
+            raise ImplSpecError(f"--impl={spec!r}: no such file {path}")
+        module = _import_file(path.resolve())
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as error:
+            raise ImplSpecError(f"--impl={spec!r}: cannot import module {target!r} ({error})") from error
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ImplSpecError(f"--impl={spec!r}: {target} has no callable {attribute!r}")
+    return function
