@@ -1,10 +1,11 @@
-"""The run report: what each property ran on, and how close to the bound it came.
+"""The run report: the verdict first, then what each property ran on and how close to the bound it came.
 
 Each process (an xdist worker, or pytest itself without xdist) tallies every case a
 test builds and the worst err/bound Hypothesis was told about (``target``), and
-appends one JSON line per test to ``reports/<run>/parts-*.jsonl``. At session end
-the controller merges the lines per property (shards together) into
-``report.md``, ``report.json`` and one PNG summary.
+appends one JSON line per test item to ``reports/<run>/parts-*.jsonl`` with the
+item's outcome, tier, case file and error. At session end the controller merges the
+lines per property (shards together) into ``report.md``, ``report.json`` and one PNG
+summary; both lead with the verdict (a failing run never looks green).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import json
 import math
 import os
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Tally", "tally", "flush", "observe_case", "write_report", "property_name"]
+__all__ = ["Tally", "tally", "flush", "observe_case", "write_report", "property_name", "merge", "verdict_line"]
 
 # Bucket edges (upper bounds, inclusive) and labels: what "covered" means at a glance.
 _BUCKETS = {
@@ -152,14 +154,47 @@ def listen_to_hypothesis() -> bool:
     return True
 
 
-def flush(directory: Path, worker: str, seconds: float, gpu: str | None = None) -> None:
-    """Append the current test's tally to this process's part file, with the worker and its GPU."""
+# ---- outcomes and verdicts ------------------------------------------------------------------
+
+OUTCOMES = ("passed", "failed", "crashed", "skipped", "stopped")
+# A property's verdict is the worst of its items' outcomes. A stopped shard counts as failed: it stopped
+# because a sibling failed (even when that sibling's line is missing, e.g. its worker died first).
+VERDICTS = ("crashed", "failed", "passed", "skipped")  # worst first: the table's order
+_VERDICT_OF = {"crashed": "crashed", "failed": "failed", "stopped": "failed", "passed": "passed",
+               "skipped": "skipped"}
+_FAILING = ("crashed", "failed")
+_COLORS = {"crashed": "black", "failed": "tab:red", "passed": "tab:green", "skipped": "tab:gray"}
+
+
+def flush(directory: Path, worker: str, seconds: float, gpu: str | None = None, *, outcome: str | None = None,
+          tier: str | None = None, case_file: str | os.PathLike | None = None, error: str | None = None,
+          started: float | None = None) -> None:
+    """Append the current test's tally to this process's part file, with the worker, its GPU and the outcome.
+
+    ``outcome`` is one of ``OUTCOMES`` (None: inferred at merge from the failing examples); ``tier`` the
+    contract tier that ran; ``case_file`` the saved counterexample; ``error`` the failure message (only its
+    first line is kept); ``started`` the item's start in epoch seconds (default: now minus ``seconds``).
+    An item that built no case is not written, unless it has an outcome other than "passed" (a skipped,
+    stopped or crashed item may build none).
+    """
     tally.seconds = seconds
-    if not tally.cases:
+    if not tally.cases and outcome in (None, "passed"):
         return  # built no case: not a property of the suite
+    if outcome is not None and outcome not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+    line = {**tally.as_json(), "worker": worker, "gpu": gpu, "outcome": outcome, "tier": tier,
+            "case_file": None if case_file is None else str(case_file), "error": _first_line(error),
+            "started": time.time() - seconds if started is None else started}
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"parts-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
-        part.write(json.dumps({**tally.as_json(), "worker": worker, "gpu": gpu}) + "\n")
+        part.write(json.dumps(line) + "\n")
+
+
+def _first_line(error: str | None) -> str | None:
+    if error is None:
+        return None
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else ""
 
 
 # ---- the controller's merge -----------------------------------------------------------------
@@ -167,7 +202,15 @@ def flush(directory: Path, worker: str, seconds: float, gpu: str | None = None) 
 
 def _lines(directory: Path) -> list[dict]:
     return [json.loads(line) for part in sorted(directory.glob("parts-*.jsonl"))
-            for line in part.read_text(encoding="utf-8").splitlines()]
+            for line in part.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def item_outcome(item: dict) -> str:
+    """An item's outcome; a line without one (older format) passed only if no example failed."""
+    outcome = item.get("outcome")
+    if outcome in OUTCOMES:
+        return outcome
+    return "failed" if item.get("failed_examples", 0) else "passed"
 
 
 def workers_table(directory: Path) -> list[str]:
@@ -181,37 +224,187 @@ def workers_table(directory: Path) -> list[str]:
             *(f"| {w} | {g} | {n} | {e} |" for (w, g), (n, e) in sorted(rows.items()))]
 
 
+def _new_entry() -> dict:
+    return {"items": 0, "cases": 0, "sequences": 0, "examples": 0, "failed_examples": 0, "worst": None,
+            "seconds": 0.0, "counts": {d: Counter() for d in DIMENSIONS}, "outcomes": Counter(), "tiers": [],
+            "failures": []}
+
+
+def _add_item(entry: dict, item: dict) -> None:
+    entry["items"] += 1
+    for key in ("cases", "sequences", "examples", "failed_examples", "seconds"):
+        entry[key] += item.get(key, 0)
+    if item.get("worst") is not None:
+        entry["worst"] = item["worst"] if entry["worst"] is None else max(entry["worst"], item["worst"])
+    for dimension, counts in item.get("counts", {}).items():
+        entry["counts"].setdefault(dimension, Counter()).update(counts)
+    outcome = item_outcome(item)
+    entry["outcomes"][outcome] += 1
+    if item.get("tier") and item["tier"] not in entry["tiers"]:
+        entry["tiers"].append(item["tier"])
+    if outcome in _FAILING:
+        entry["failures"].append({"nodeid": item.get("nodeid", ""), "outcome": outcome,
+                                  "case_file": item.get("case_file"), "error": item.get("error")})
+
+
+def _case_file_size(path: str | None) -> float:
+    try:
+        return Path(path).stat().st_size if path else math.inf
+    except OSError:
+        return math.inf
+
+
+def _chosen_failure(failures: list[dict], verdict: str) -> dict | None:
+    """The one failure a property's row shows, with its case file.
+
+    Only failures of the verdict's kind are candidates (a crashed property shows the crash); among those
+    with a case file, the smallest file on disk wins (a case file holds the counterexample's tensors, so
+    its size grows with the counterexample: the smallest is the easiest to replay and read); ties and
+    files that cannot be read fall back to node-id order, so the choice is deterministic.
+    """
+    candidates = [f for f in failures if f["outcome"] == verdict] or failures
+    if not candidates:
+        return None
+    return min(candidates, key=lambda f: (f["case_file"] is None, _case_file_size(f["case_file"]), f["nodeid"]))
+
+
+def _finish(entry: dict) -> None:
+    """Verdict, shard counts, the chosen case file and examples/s, from the summed items."""
+    outcomes = entry["outcomes"]
+    entry["verdict"] = next((v for v in VERDICTS if any(_VERDICT_OF[o] == v for o in outcomes)), "passed")
+    entry["failing_shards"] = outcomes["failed"] + outcomes["crashed"]
+    entry["stopped_shards"] = outcomes["stopped"]
+    chosen = _chosen_failure(entry.pop("failures"), entry["verdict"])
+    entry["case_file"] = chosen["case_file"] if chosen else None
+    entry["error"] = chosen["error"] if chosen else None
+    entry["examples_per_second"] = entry["examples"] / entry["seconds"] if entry["seconds"] > 0 else None
+    entry["outcomes"] = dict(outcomes)
+
+
 def merge(directory: Path) -> dict[str, dict]:
-    """Per property: summed counts over its shards and workers, and the worst err/bound."""
+    """Per property: summed counts over its shards and workers, the worst err/bound, and the verdict.
+
+    Each entry also has ``verdict`` (one of ``VERDICTS``), ``failing_shards`` and ``stopped_shards`` (of
+    ``items``), ``case_file`` and ``error`` (one per property, see ``_chosen_failure``), ``outcomes``,
+    ``tiers`` and ``examples_per_second`` (examples over the seconds summed over its items).
+    """
     merged: dict[str, dict] = {}
     if directory.is_dir():
         for item in _lines(directory):
-            entry = merged.setdefault(item["property"], {
-                "items": 0, "cases": 0, "sequences": 0, "examples": 0, "failed_examples": 0, "worst": None,
-                "seconds": 0.0, "counts": {d: Counter() for d in DIMENSIONS}})
-            entry["items"] += 1
-            for key in ("cases", "sequences", "examples", "failed_examples", "seconds"):
-                entry[key] += item[key]
-            if item["worst"] is not None:
-                entry["worst"] = item["worst"] if entry["worst"] is None else max(entry["worst"], item["worst"])
-            for dimension, counts in item["counts"].items():
-                entry["counts"].setdefault(dimension, Counter()).update(counts)
+            _add_item(merged.setdefault(item["property"], _new_entry()), item)
+    for entry in merged.values():
+        _finish(entry)
     return merged
+
+
+def ordered(merged: dict[str, dict]) -> list[str]:
+    """Property names, failures first (crashed, failed, passed, skipped), then by name."""
+    return sorted(merged, key=lambda name: (VERDICTS.index(merged[name]["verdict"]), name))
+
+
+def verdict_line(merged: dict[str, dict]) -> str:
+    """'FAILED: 3 of 26 properties failed, 1 crashed' or 'PASSED: 26 properties' (skipped ones added)."""
+    count = Counter(entry["verdict"] for entry in merged.values())
+    total, skipped = len(merged), f", {count['skipped']} skipped" if count["skipped"] else ""
+    bad = [(count[v], v) for v in _FAILING[::-1] if count[v]]  # failed before crashed
+    if not bad:
+        return f"PASSED: {count['passed']} properties{skipped}" if count["passed"] else f"NOTHING RAN{skipped}"
+    (first, kind), rest = bad[0], bad[1:]
+    return f"FAILED: {first} of {total} properties {kind}" + "".join(f", {n} {v}" for n, v in rest) + skipped
+
+
+def run_tier(merged: dict[str, dict]) -> str:
+    """The contract tier of the run: one name, 'mixed (a, b)', or 'unknown' (older part lines)."""
+    tiers = sorted({tier for entry in merged.values() for tier in entry["tiers"]})
+    return tiers[0] if len(tiers) == 1 else f"mixed ({', '.join(tiers)})" if tiers else "unknown"
+
+
+def gpu_throughput(lines: list[dict]) -> dict[str, dict]:
+    """Per GPU: workers, items, examples, wall seconds (earliest item start to last end) and examples/s."""
+    groups: dict[str, dict] = {}
+    for item in lines:
+        group = groups.setdefault(str(item.get("gpu") or "none"), {"workers": set(), "items": 0, "examples": 0,
+                                                                   "start": math.inf, "end": -math.inf})
+        group["workers"].add(item.get("worker", "?"))
+        group["items"] += 1
+        group["examples"] += item.get("examples", 0)
+        if item.get("started") is not None:
+            group["start"] = min(group["start"], item["started"])
+            group["end"] = max(group["end"], item["started"] + item.get("seconds", 0.0))
+    return {gpu: _rate(len(g["workers"]), g["items"], g["examples"], _wall(g["start"], g["end"]))
+            for gpu, g in sorted(groups.items())}
+
+
+def _rate(workers: int, items: int, examples: int, wall: float | None) -> dict:
+    return {"workers": workers, "items": items, "examples": examples, "wall": wall,
+            "examples_per_second": examples / wall if wall else None}
+
+
+def _wall(start: float, end: float) -> float | None:
+    return end - start if math.isfinite(start) and end > start else None
+
+
+def run_throughput(lines: list[dict]) -> dict:
+    """Run level: examples, wall seconds (earliest start to last end), examples/s, and per GPU."""
+    starts = [item["started"] for item in lines if item.get("started") is not None]
+    ends = [item["started"] + item.get("seconds", 0.0) for item in lines if item.get("started") is not None]
+    examples = sum(item.get("examples", 0) for item in lines)
+    wall = _wall(min(starts), max(ends)) if starts else None
+    gpus = len({item["gpu"] for item in lines if item.get("gpu")}) or None
+    rate = examples / wall if wall else None
+    return {"examples": examples, "wall": wall, "gpus": gpus, "examples_per_second": rate,
+            "examples_per_second_per_gpu": rate / gpus if rate is not None and gpus else None}
+
+
+# ---- report.md ------------------------------------------------------------------------------
 
 
 def _share(counts: Counter, total: int) -> str:
     return ", ".join(f"{label} {100.0 * n / total:.0f}%" for label, n in counts.most_common()) if total else "-"
 
 
-def _markdown(merged: dict[str, dict], run_id: str) -> str:
-    lines = [f"# Run report {run_id}", "",
-             "Worst err/bound is over passing examples; a failing example exceeds 1 by definition.", "",
-             "| property | examples | cases built | failing examples | worst err/bound | seconds |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name, entry in sorted(merged.items()):
-        worst = "n/a" if entry["worst"] is None else f"{entry['worst']:.3g}"
-        lines.append(f"| `{name}` | {entry['examples']} | {entry['cases']} | {entry['failed_examples']} | "
-                     f"{worst} | {entry['seconds']:.1f} |")
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _number(value: float | None, spec: str = ".3g") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def verdict_table(merged: dict[str, dict]) -> list[str]:
+    """Markdown rows, failures first: property, verdict, shards failing, examples, examples/s, worst, case file."""
+    rows = ["| property | verdict | shards failing | examples | examples/s | worst err/bound | case file |",
+            "|---|---|---:|---:|---:|---:|---|"]
+    for name in ordered(merged):
+        entry = merged[name]
+        verdict = entry["verdict"]
+        shards = f"{entry['failing_shards']} of {entry['items']}"
+        if entry["stopped_shards"]:
+            shards += f" ({entry['stopped_shards']} stopped)"
+        case = f"`{_cell(entry['case_file'])}`" if entry["case_file"] else "-"
+        rows.append(f"| `{_cell(name)}` | {verdict.upper() if verdict in _FAILING else verdict} | {shards} | "
+                    f"{entry['examples']} | {_number(entry['examples_per_second'], '.1f')} | "
+                    f"{_number(entry['worst'])} | {case} |")
+    return rows
+
+
+def _failures_list(merged: dict[str, dict]) -> list[str]:
+    failing = [name for name in ordered(merged) if merged[name]["verdict"] in _FAILING]
+    if not failing:
+        return []
+    lines = ["", "## Failures", ""]
+    for name in failing:
+        entry = merged[name]
+        stopped = f", {entry['stopped_shards']} stopped early" if entry["stopped_shards"] else ""
+        lines.append(f"- `{name}` {entry['verdict']} ({entry['failing_shards']} of {entry['items']} shards failed"
+                     f"{stopped}): {entry['error'] or '(no message: the failing shard left no line)'}")
+        if entry["case_file"]:
+            lines.append(f"  replay: `python -m properties.repro {entry['case_file']}`")
+    return lines
+
+
+def _coverage(merged: dict[str, dict]) -> list[str]:
+    lines = []
     for name, entry in sorted(merged.items()):
         lines += ["", f"## `{name}`", ""]
         for dimension in DIMENSIONS:
@@ -221,60 +414,142 @@ def _markdown(merged: dict[str, dict], run_id: str) -> str:
         if entry["sequences"]:
             empty = entry["counts"]["length"].get("0", 0)
             lines.append(f"- empty sequences: {100.0 * empty / entry['sequences']:.1f}% of {entry['sequences']}")
+    return lines
+
+
+def _throughput(lines: list[dict]) -> list[str]:
+    run = run_throughput(lines)
+    per_gpu = gpu_throughput(lines)
+    summary = (f"{run['examples']} examples in {_number(run['wall'], '.1f')} s wall: "
+               f"{_number(run['examples_per_second'], '.1f')} examples/s")
+    if run["gpus"]:
+        summary += f", {_number(run['examples_per_second_per_gpu'], '.1f')} per GPU on {run['gpus']} GPUs"
+    return ["", "## Throughput", "", summary, "",
+            "| GPU | workers | items | examples | wall s | examples/s |", "|---|---:|---:|---:|---:|---:|",
+            *(f"| {gpu} | {g['workers']} | {g['items']} | {g['examples']} | {_number(g['wall'], '.1f')} | "
+              f"{_number(g['examples_per_second'], '.1f')} |" for gpu, g in per_gpu.items())]
+
+
+def _markdown(merged: dict[str, dict], run_id: str) -> str:
+    """The verdict (run id, tier, verdict line, table, failures), then coverage per property."""
+    lines = [f"# Run report {run_id}", "", f"Tier: {run_tier(merged)}", "", f"**{verdict_line(merged)}**", "",
+             *verdict_table(merged), "",
+             "Worst err/bound is over passing examples; a failing example exceeds 1 by definition.",
+             *_failures_list(merged), *_coverage(merged)]
     return "\n".join(lines) + "\n"
 
 
+# ---- summary.png ----------------------------------------------------------------------------
+
+
+def short_name(name: str, width: int = 36) -> str:
+    """A property's label on the plot: the test function (with any parameters) without ``test_``, truncated."""
+    short = name.rpartition("::")[2].removeprefix("test_")
+    return short if len(short) <= width else short[:width - 1] + "…"
+
+
+def _verdict_panel(axis, merged: dict[str, dict], names: list[str]) -> None:
+    """One bar per property (examples run), colored by verdict, with the failing shards written beside it."""
+    positions = range(len(names))
+    widths = [max(merged[n]["examples"], 1) for n in names]
+    axis.barh(positions, widths, color=[_COLORS[merged[n]["verdict"]] for n in names])
+    axis.set_yticks(list(positions), [short_name(n) for n in names], fontsize=9)
+    axis.set_ylim(len(names) - 0.5, -0.5)
+    axis.set_xlim(0, 1.35 * max(widths))
+    for position, name, width in zip(positions, names, widths):
+        if merged[name]["verdict"] != "passed":
+            axis.text(width + 0.01 * max(widths), position, _verdict_label(merged[name]), va="center", fontsize=8,
+                      color=_COLORS[merged[name]["verdict"]], fontweight="bold")
+    from matplotlib.patches import Patch
+
+    axis.legend(handles=[Patch(color=_COLORS[v], label=v) for v in VERDICTS], loc="lower right", fontsize=8)
+    axis.set_xlabel("examples run (color: verdict)")
+    axis.set_title("verdict per property")
+
+
+def _verdict_label(entry: dict) -> str:
+    """'FAILED 3/16', 'CRASHED 1/4, 2 stopped', 'skipped': what the bar of a property that did not pass says."""
+    if entry["verdict"] not in _FAILING:
+        return entry["verdict"]
+    label = f"{entry['verdict'].upper()} {entry['failing_shards']}/{entry['items']}"
+    return label + (f", {entry['stopped_shards']} stopped" if entry["stopped_shards"] else "")
+
+
+def _worst_panel(axis, merged: dict[str, dict], names: list[str]) -> None:
+    """Worst err/bound of passing examples; a failed property gets a red hatched bar past 1, labelled."""
+    worst = [merged[n]["worst"] or 0.0 for n in names]
+    top = max([1.25, *(1.1 * w for w in worst)])
+    for position, (name, value) in enumerate(zip(names, worst)):
+        verdict = merged[name]["verdict"]
+        if verdict in _FAILING:
+            axis.barh(position, top, color="white", edgecolor=_COLORS[verdict], hatch="//")
+            axis.text(top * 0.98, position, verdict, ha="right", va="center", fontsize=8, color=_COLORS[verdict],
+                      fontweight="bold", backgroundcolor="white")
+        else:
+            axis.barh(position, value, color=_COLORS[verdict])
+    axis.set_yticks(list(range(len(names))), [""] * len(names))
+    axis.set_ylim(len(names) - 0.5, -0.5)
+    axis.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    axis.set_xlim(0, top)
+    axis.set_title("worst err/bound (1 = bound)")
+
+
+def _coverage_panel(axis, merged: dict[str, dict], dimension: str) -> None:
+    total = Counter()
+    for entry in merged.values():
+        total.update(entry["counts"].get(dimension, {}))
+    labels = _BUCKETS[dimension][1] if dimension in _BUCKETS else sorted(total)
+    labels = [label for label in labels if total.get(label)]
+    axis.bar(labels, [total[label] for label in labels], color="tab:blue")
+    axis.set_title(f"{dimension} (all properties)")
+    axis.tick_params(axis="x", labelrotation=30, labelsize=8)
+
+
 def _summary_png(merged: dict[str, dict], path: Path, run_id: str) -> None:
+    """Verdict strip and worst err/bound on top (height grows with the properties), coverage below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    names = ordered(merged)
     shown = [d for d in DIMENSIONS if any(e["counts"].get(d) for e in merged.values())]
     columns = 3
-    rows = 1 + math.ceil(len(shown) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.2 * rows), squeeze=False)
-    names = sorted(merged)
-    short = [name.rpartition("::")[2][:40] for name in names]
-    overview = axes[0][0]
-    overview.barh(short, [merged[n]["examples"] for n in names], color="tab:blue")
-    overview.set_title("examples per property")
-    worst = axes[0][1]
-    worst.barh(short, [merged[n]["worst"] or 0.0 for n in names], color="tab:red")
-    worst.axvline(1.0, color="black", linestyle="--", linewidth=1)
-    worst.set_title("worst err/bound (1 = bound)")
-    for axis in axes[0][1:2]:
-        axis.tick_params(labelleft=False)
-    axes[0][2].axis("off")
-    axes[0][2].text(0, 0.5, f"run {run_id}\n{len(names)} properties\n"
-                    f"{sum(merged[n]['examples'] for n in names)} examples", fontsize=12, va="center")
+    coverage_rows = math.ceil(len(shown) / columns)
+    top_height = max(3.2, 0.3 * len(names) + 1.2)
+    figure = plt.figure(figsize=(5 * columns, top_height + 3.2 * coverage_rows + 0.6))
+    grid = figure.add_gridspec(1 + coverage_rows, columns, height_ratios=[top_height] + [3.2] * coverage_rows)
+    _verdict_panel(figure.add_subplot(grid[0, :2]), merged, names)
+    _worst_panel(figure.add_subplot(grid[0, 2]), merged, names)
     for slot, dimension in enumerate(shown):
-        axis = axes[1 + slot // columns][slot % columns]
-        total = Counter()
-        for entry in merged.values():
-            total.update(entry["counts"].get(dimension, {}))
-        labels = (_BUCKETS[dimension][1] if dimension in _BUCKETS else sorted(total))
-        labels = [label for label in labels if total.get(label)]
-        axis.bar(labels, [total[label] for label in labels], color="tab:green")
-        axis.set_title(f"{dimension} (all properties)")
-        axis.tick_params(axis="x", labelrotation=30, labelsize=8)
-    for slot in range(len(shown), (rows - 1) * columns):
-        axes[1 + slot // columns][slot % columns].axis("off")
-    figure.tight_layout()
+        _coverage_panel(figure.add_subplot(grid[1 + slot // columns, slot % columns]), merged, dimension)
+    line = verdict_line(merged)
+    figure.suptitle(f"{line}   (tier {run_tier(merged)}, run {run_id}, "
+                    f"{sum(e['examples'] for e in merged.values())} examples)", fontsize=14, fontweight="bold",
+                    color="tab:green" if line.startswith("PASSED") else "tab:red")
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / figure.get_figheight()))
     figure.savefig(path, dpi=80)
     plt.close(figure)
 
 
 def write_report(directory: Path, run_id: str) -> Path | None:
-    """Merge the part files into report.md, report.json and summary.png; None when no property ran."""
+    """Merge the part files into report.md, report.json and summary.png; None when no property ran.
+
+    report.json maps each property to its merged entry (as before, plus the verdict fields); run.json holds
+    the run-level verdict, tier and throughput.
+    """
     merged = merge(directory)
     if not merged:
         return None
+    lines = _lines(directory)
     (directory / "report.json").write_text(json.dumps(
         {name: {**entry, "counts": {d: dict(c) for d, c in entry["counts"].items()}}
          for name, entry in merged.items()}, indent=1), encoding="utf-8")
+    (directory / "run.json").write_text(json.dumps(
+        {"run": run_id, "tier": run_tier(merged), "verdict": verdict_line(merged),
+         "throughput": run_throughput(lines), "gpus": gpu_throughput(lines)}, indent=1), encoding="utf-8")
     report = directory / "report.md"
-    workers = ["", "## Workers", "", *workers_table(directory)]
+    workers = ["", "## Workers", "", *workers_table(directory), *_throughput(lines)]
     try:
         _summary_png(merged, directory / "summary.png", run_id)
     except ImportError:  # matplotlib missing (a bare GPU image): the report stays, without its picture

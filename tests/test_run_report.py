@@ -1,0 +1,203 @@
+"""The run report leads with the verdict: per property, the worst outcome over its shards."""
+
+import importlib.util
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from properties import run_report
+
+RUN = "20250101-000000-abcd"
+T0 = 1_700_000_000.0
+CASE = SimpleNamespace(lengths=(3, 0, 17), scale=None, page_layout="shuffled", values="normal")
+
+
+def _item(directory, nodeid, *, worker="gw0", gpu="0", outcome="passed", examples=10, seconds=2.0, started=T0,
+          case_file=None, error=None, worst=0.25, tier="correct"):
+    """One test item as the plugin reports it: begin, cases and observations, flush."""
+    run_report.begin(nodeid)
+    run_report.tally.add_case(CASE, 64)
+    for n in range(examples):
+        failing = outcome in ("failed", "crashed") and n == examples - 1
+        run_report.tally.add_observation("failed" if failing else "passed", {} if failing else {"err/bound": worst})
+    run_report.flush(directory, worker, seconds, gpu=gpu, outcome=outcome, tier=tier, case_file=case_file,
+                     error=error, started=started)
+
+
+def _case_file(tmp_path, name, size):
+    path = tmp_path / "failures" / f"{name}.pt"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(b"x" * size)
+    return str(path)
+
+
+def _node(name, shard, shards):
+    return f"properties/test_suite.py::test_{name}[shard{shard}of{shards}]"
+
+
+@pytest.fixture
+def run(tmp_path):
+    """26 properties over two GPUs: 3 failed (one only seen as stopped shards), 1 crashed, 1 skipped."""
+    directory = tmp_path / "report"
+    files = {"big": _case_file(tmp_path, "big", 5000), "small": _case_file(tmp_path, "small", 300),
+             "mid": _case_file(tmp_path, "mid", 900), "crash": _case_file(tmp_path, "crash", 4000),
+             "tiny": _case_file(tmp_path, "tiny", 10)}
+    outcomes = {  # property -> outcome per shard (and its case file)
+        "output_within_bound": ["failed", "failed", "failed"] + ["passed"] * 13,
+        "lse_base_two": ["failed", "failed", "stopped", "stopped"],
+        "junk_pages_unchanged": ["crashed", "failed", "stopped", "stopped"],
+        "only_stopped": ["stopped"] * 4,
+        "huge_pools_plain": ["skipped"] * 4,
+    }
+    cases = {("output_within_bound", 0): "big", ("output_within_bound", 1): "small",
+             ("output_within_bound", 2): "mid", ("lse_base_two", 1): "mid",
+             ("junk_pages_unchanged", 0): "crash", ("junk_pages_unchanged", 1): "tiny"}
+    for n in range(21):
+        outcomes[f"passing_property_number_{n:02d}_with_a_rather_long_name"] = ["passed"] * 4
+    for name, shards in outcomes.items():
+        for shard, outcome in enumerate(shards):
+            case = files[cases[name, shard]] if (name, shard) in cases else None
+            _item(directory, _node(name, shard + 1, len(shards)), worker=f"gw{shard % 4}", gpu=str(shard % 2),
+                  outcome=outcome, examples=0 if outcome == "skipped" else 10, seconds=2.0,
+                  started=T0 + shard, case_file=case,
+                  error=f"AssertionError: {name} shard {shard}\nmore detail" if outcome in ("failed", "crashed")
+                  else None)
+    return directory, files
+
+
+def _table(report):
+    return [line for line in report.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+
+
+def _row(report, name):
+    (row,) = [line for line in _table(report) if f"::test_{name}`" in line]
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_report_leads_with_run_tier_and_verdict(run):
+    directory, _ = run
+    report = run_report.write_report(directory, RUN)
+    assert report == directory / "report.md"
+    head = [line for line in report.read_text(encoding="utf-8").splitlines() if line][:3]
+    assert head == [f"# Run report {RUN}", "Tier: correct",
+                    "**FAILED: 3 of 26 properties failed, 1 crashed, 1 skipped**"]
+
+
+def test_verdict_table_first_failures_first(run):
+    directory, _ = run
+    report = run_report.write_report(directory, RUN)
+    table = _table(report)
+    assert table[0] == "| property | verdict | shards failing | examples | examples/s | worst err/bound | case file |"
+    verdicts = [row.split("|")[2].strip() for row in table[2:28]]
+    assert verdicts == ["CRASHED"] + ["FAILED"] * 3 + ["passed"] * 21 + ["skipped"]
+    assert "::test_junk_pages_unchanged`" in table[2]
+    # the terminal summary prints the first 22 '|' lines: the verdict table's, failures at its top
+    text = report.read_text(encoding="utf-8")
+    assert text.index(table[0]) < text.index("## Failures") < text.index("## `") < text.index("## Workers")
+
+
+def test_shards_failing_counted_with_stopped_ones(run):
+    directory, _ = run
+    report = run_report.write_report(directory, RUN)
+    assert _row(report, "output_within_bound")[2] == "3 of 16"
+    assert _row(report, "lse_base_two")[2] == "2 of 4 (2 stopped)"
+    assert _row(report, "junk_pages_unchanged")[1:3] == ["CRASHED", "2 of 4 (2 stopped)"]
+    # a shard stops only because a sibling failed: the property failed even without that sibling's line
+    assert _row(report, "only_stopped")[1:3] == ["FAILED", "0 of 4 (4 stopped)"]
+    assert _row(report, "huge_pools_plain")[1:3] == ["skipped", "0 of 4"]
+
+
+def test_one_case_file_per_property(run):
+    directory, files = run
+    report = run_report.write_report(directory, RUN)
+    assert _row(report, "output_within_bound")[6] == f"`{files['small']}`"  # the smallest counterexample
+    assert _row(report, "lse_base_two")[6] == f"`{files['mid']}`"
+    assert _row(report, "junk_pages_unchanged")[6] == f"`{files['crash']}`"  # the crash, not a smaller failure
+    assert _row(report, "only_stopped")[6] == "-"
+    for row in _table(report)[2:]:
+        if "passing_property" in row:
+            assert row.rstrip(" |").endswith("-")
+    merged = json.loads((directory / "report.json").read_text())
+    chosen = merged[_node("output_within_bound", 1, 16).rpartition("[")[0]]
+    assert chosen["case_file"] == files["small"] and chosen["error"] == "AssertionError: output_within_bound shard 1"
+
+
+def test_examples_per_second_per_property_and_per_gpu(run):
+    directory, _ = run
+    report = run_report.write_report(directory, RUN)
+    row = _row(report, "output_within_bound")
+    assert row[3:6] == ["160", "5.0", "0.25"]  # 16 shards x 10 examples over 16 x 2 s
+    summary = json.loads((directory / "run.json").read_text())
+    # 112 items of 10 examples (4 skipped ones ran none); on each GPU items start at T0 + 0..15 and run 2 s
+    assert summary["throughput"]["examples"] == 1120 and summary["throughput"]["wall"] == pytest.approx(17.0)
+    assert summary["throughput"]["examples_per_second_per_gpu"] == pytest.approx(1120 / 17.0 / 2)
+    assert summary["gpus"]["0"]["wall"] == pytest.approx(16.0)  # even shards: T0 + 0 .. T0 + 14 + 2
+    assert summary["gpus"]["1"]["wall"] == pytest.approx(16.0)  # odd shards: T0 + 1 .. T0 + 15 + 2
+    assert summary["gpus"]["0"]["examples"] + summary["gpus"]["1"]["examples"] == 1120
+    assert "1120 examples in 17.0 s wall: 65.9 examples/s, 32.9 per GPU on 2 GPUs" in report.read_text()
+
+
+def test_summary_png_is_written(run):
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed")
+    directory, _ = run
+    run_report.write_report(directory, RUN)
+    assert (directory / "summary.png").stat().st_size > 10_000
+
+
+def test_passing_run_says_passed(tmp_path):
+    for shard in (1, 2):
+        _item(tmp_path, _node("a", shard, 2), tier="strict")
+    report = run_report.write_report(tmp_path, RUN)
+    text = report.read_text()
+    assert "Tier: strict" in text and "**PASSED: 1 properties**" in text and "## Failures" not in text
+
+
+def test_old_format_lines_still_merge(tmp_path):
+    """Lines written before outcomes existed: passed only if no example failed."""
+    old = {"cases": 3, "sequences": 9, "examples": 3, "worst": 0.5, "seconds": 1.5,
+           "counts": {"batch": {"2-4": 3}}, "worker": "gw0", "gpu": None}
+    lines = [{**old, "nodeid": "p.py::test_good[shard1of2]", "property": "p.py::test_good", "failed_examples": 0},
+             {**old, "nodeid": "p.py::test_good[shard2of2]", "property": "p.py::test_good", "failed_examples": 0},
+             {**old, "nodeid": "p.py::test_bad[shard1of2]", "property": "p.py::test_bad", "failed_examples": 1},
+             {**old, "nodeid": "p.py::test_bad[shard2of2]", "property": "p.py::test_bad", "failed_examples": 0}]
+    (tmp_path / "parts-gw0-1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    merged = run_report.merge(tmp_path)
+    assert merged["p.py::test_good"]["verdict"] == "passed"
+    assert merged["p.py::test_bad"]["verdict"] == "failed" and merged["p.py::test_bad"]["failing_shards"] == 1
+    assert merged["p.py::test_bad"]["case_file"] is None
+    report = run_report.write_report(tmp_path, RUN)
+    text = report.read_text()
+    assert "Tier: unknown" in text and "**FAILED: 1 of 2 properties failed**" in text
+    assert _row(report, "bad")[1:5] == ["FAILED", "1 of 2", "6", "2.0"]
+
+
+def test_flush_writes_outcomes_even_without_cases(tmp_path):
+    run_report.begin("p.py::test_gpu_only")
+    run_report.flush(tmp_path, "gw0", 0.1)  # built no case, no outcome: not a property
+    assert not list(tmp_path.glob("parts-*"))
+    run_report.flush(tmp_path, "gw0", 0.1, outcome="skipped")
+    run_report.begin("p.py::test_x")
+    before = time.time()
+    run_report.flush(tmp_path, "gw0", 3.0, outcome="crashed", error="RuntimeError: CUDA error\ntraceback",
+                     case_file=tmp_path / "c.pt")
+    skipped, crashed = [json.loads(line) for line in next(tmp_path.glob("parts-*")).read_text().splitlines()]
+    assert skipped["outcome"] == "skipped" and skipped["error"] is None and skipped["case_file"] is None
+    assert crashed["error"] == "RuntimeError: CUDA error" and crashed["case_file"] == str(tmp_path / "c.pt")
+    assert before - 3.0 - 1 <= crashed["started"] <= time.time() - 3.0
+    with pytest.raises(ValueError, match="outcome"):
+        run_report.flush(tmp_path, "gw0", 0.1, outcome="exploded")
+
+
+def test_verdict_line_forms():
+    def merged(*verdicts):
+        return {str(n): {"verdict": v} for n, v in enumerate(verdicts)}
+
+    assert run_report.verdict_line(merged("passed", "passed")) == "PASSED: 2 properties"
+    assert run_report.verdict_line(merged("passed", "crashed")) == "FAILED: 1 of 2 properties crashed"
+    assert run_report.verdict_line(merged("failed", "crashed", "skipped")) == (
+        "FAILED: 1 of 3 properties failed, 1 crashed, 1 skipped")
+    assert run_report.short_name("a/b.py::test_" + "x" * 50).endswith("…")
+    assert run_report.short_name("a/b.py::test_lse[small]") == "lse[small]"
