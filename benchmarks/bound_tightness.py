@@ -155,8 +155,8 @@ def report(results: list[dict]) -> None:
 
 def run_cases(args: argparse.Namespace, device: torch.device, writer) -> list[dict]:
     """Run the implementation and the oracle on ``args.examples`` random cases; one result row per case."""
+    from properties._plugin.target import load_impl
     from properties.cases import VALUE_REGIMES, build
-    from properties.impl import load_impl
     from reference import attend
 
     impl = load_impl(args.impl, root=ROOT)

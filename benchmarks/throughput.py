@@ -89,8 +89,8 @@ def run_stages(options) -> dict:
     os.environ.setdefault("TRITON_INTERPRET", "1" if options.device == "cpu" else "0")
     import torch
 
-    from properties.impl import load_impl
-    from properties.profiles import CASE_SIZES
+    from properties._plugin.profiles import CASE_SIZES
+    from properties._plugin.target import load_impl
 
     device = torch.device(options.device)
     impl = load_impl(options.impl, root=ROOT)

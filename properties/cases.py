@@ -352,6 +352,12 @@ def add_build_observer(observer: BuildObserver) -> None:
         _build_observers.append(observer)
 
 
+def remove_build_observer(observer: BuildObserver) -> None:
+    """Stop calling ``observer`` (the plugin, at the end of its run)."""
+    if observer in _build_observers:
+        _build_observers.remove(observer)
+
+
 def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool = True) -> DecodeInputs:
     """Deterministically build the kernel arguments a case describes, on ``device``.
 

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from ._plugin.plugin import current_run
 from .cases import DecodeCase, build
 from .checks import run_and_check, share_of_examples
-from .session import current
 from .strategies import block_edge_lengths, decode_cases
 
-LIMITS = current().limits
+LIMITS = current_run().limits
 LONG_CONTEXT = 128 * 1024
 
 

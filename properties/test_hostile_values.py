@@ -13,13 +13,13 @@ import pytest
 from hypothesis import assume, example, given, note
 from hypothesis import strategies as st
 
+from ._plugin.plugin import current_run
 from .cases import HOSTILE_REGIMES, KV_LAYOUTS, POOL_FILLS, DecodeCase, build
-from .checks import assert_same_result, assert_within_bound, attend, run_and_check, share_of_examples, shorter
-from .session import current
+from .checks import assert_equivalent, assert_within_bound, attend, run_and_check, share_of_examples, shorter
 from .strategies import decode_cases, hostile_scales
 from .transforms import poison_page, reference_rows, sequences_reading
 
-LIMITS = current().limits
+LIMITS = current_run().limits
 SHORT = shorter(LIMITS)
 
 
@@ -42,10 +42,10 @@ def test_tiny_and_huge_scales_stay_within_error_bound(impl, device, case):
 @share_of_examples(0.5)
 @given(case=decode_cases(limits=SHORT, min_spare_pages=1, kv_layouts=KV_LAYOUTS),
        other_fill=st.sampled_from(POOL_FILLS))
-def test_junk_in_unreferenced_pages_changes_nothing(impl, device, case, other_fill):
+def test_junk_in_unreferenced_pages_changes_nothing(impl, contract, device, case, other_fill):
     other = replace(case, pool_fill=other_fill)
-    assert_same_result(
-        impl(*build(other, device)), impl(*build(case, device)),
+    assert_equivalent(
+        impl, contract, build(other, device), impl(*build(case, device)),
         f"case {case}; unreferenced pages filled with {other_fill} instead of {case.pool_fill}",
     )
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from properties.impl import ImplSpecError, load_impl
+from properties._plugin.target import ImplSpecError, load_impl
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from properties._plugin.target import load_impl
 from properties.cases import DecodeCase, build
-from properties.impl import load_impl
 from tests.corpus import CLASSES, MUTANTS, MutantPatchError, Patch, run_suite
 from tests.corpus.materialise import KERNEL_DIR, apply_patches, materialise_package
 

@@ -2,9 +2,9 @@
 
 import torch
 
-from properties import failures
+from properties._plugin import casefiles
 from properties.cases import DecodeCase, build
-from properties.diagnosis import describe_layout, describe_mismatch, ranges
+from properties.repro.diagnosis import describe_layout, describe_mismatch, ranges
 from reference import attend
 from tests.impls.torch_float32 import run as correct
 from tests.pytest_runs import clean_environment, run_module, run_pytest
@@ -63,29 +63,32 @@ def test_case_file_keeps_values_strides_and_gaps(tmp_path):
     padded = torch.full((3, 32, 130), float("nan"), dtype=torch.bfloat16)
     q = padded[:, :, 1:129]
     q.copy_(inputs.q)
-    record = failures.Recorder()
+    record = casefiles.Recorder()
     record.begin("tests/x.py::test_x")
     record.note_build(CASE)
     record.note_call((q, *inputs[1:]), {})
-    path = failures.save_case(tmp_path, error="AssertionError: boom", impl_spec="kernel:run",
-                              device=torch.device("cpu"), profile="ci", run_id="r1", source=record)
-    saved = failures.load_case(path)
-    (args, kwargs), = [failures.restore_call(call, "cpu") for call in saved["calls"]]
+    path = casefiles.save_case(tmp_path, record, error="AssertionError: boom", impl_spec="kernel:run",
+                               device=torch.device("cpu"), profile="ci", run_id="r1")
+    saved = casefiles.load_case(path)
+    (args, kwargs), = [casefiles.restore_call(call, "cpu") for call in saved["calls"]]
     assert args[0].stride() == q.stride() and args[0].storage_offset() == 1
     assert torch.equal(args[0], q) and torch.isnan(args[0].as_strided((1,), (1,), 0)).all()
     assert saved["case_repr"] == repr(CASE) and saved["nodeid"] == "tests/x.py::test_x"
     assert set(saved["versions"]) == {"python", "torch", "triton", "hypothesis"}
-    assert failures.runs_index(tmp_path, "r1")[0]["path"] == str(path)
+    assert casefiles.runs_index(tmp_path, "r1")[0]["path"] == str(path)
 
 
 def test_case_file_after_a_fault_is_rebuilt_from_the_case(tmp_path):
-    record = failures.Recorder()
+    record = casefiles.Recorder()
     record.begin("tests/x.py::test_x")
-    record.note_build(CASE)
-    path = failures.save_case(tmp_path, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
-                              device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False,
-                              source=record)
-    (args, _), = [failures.restore_call(call, "cpu") for call in failures.load_case(path)["calls"]]
+    record.note_build(CASE, build(CASE))
+    path = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
+                               device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False)
+    saved = casefiles.load_case(path)
+    built_args = [{"built": name} for name in build(CASE)._fields[:5]] + [CASE.scale]
+    assert saved["calls"] == [{"args": built_args, "kwargs": {}}]  # no tensor in the file: all rebuilt
+    case = casefiles.case_from_fields(saved["case_fields"])
+    (args, _), = [casefiles.restore_call(call, "cpu", case) for call in saved["calls"]]
     for restored, built in zip(args[:5], build(CASE)[:5]):
         torch.testing.assert_close(restored, built, rtol=0, atol=0, equal_nan=True)
 
@@ -97,7 +100,7 @@ def test_failing_property_saves_a_case_that_replays_on_cpu(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "gqa-decode case file" in result.stdout and "python -m properties.repro" in result.stdout
     (path,) = (tmp_path / "failures").glob("*.pt")
-    saved = failures.load_case(path)
+    saved = casefiles.load_case(path)
     assert saved["case_repr"].startswith("DecodeCase(lengths=(")
     assert "@reproduce_failure" in saved["error"] + saved["hypothesis_output"]
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from properties import run_report
+from properties._plugin import run_report
 
 RUN = "20250101-000000-abcd"
 T0 = 1_700_000_000.0

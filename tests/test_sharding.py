@@ -1,97 +1,98 @@
 """GPU pinning of xdist workers, what -n auto means, and properties split into shards."""
 
+import argparse
 import os
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties import workers
-from properties.workers import Shard
+from properties._plugin import gpus, shards
+from properties._plugin.shards import Shard
 from tests.pytest_runs import clean_environment, run_pytest
 
 
 @pytest.fixture
 def slots(tmp_path):
     yield tmp_path
-    workers.release_slots()
+    gpus.release_slots()
 
 
 def test_workers_spread_over_gpus_before_doubling_up(slots):
-    pins = [workers.claim_slot(f"gw{n}", ["0", "1"], 2, slots).gpu for n in range(4)]
+    pins = [gpus.claim_slot(f"gw{n}", ["0", "1"], 2, slots).gpu for n in range(4)]
     assert pins == ["0", "1", "0", "1"]
 
 
 def test_a_replacement_worker_takes_the_gpu_a_crashed_worker_left(slots):
-    assert workers.claim_slot("gw0", ["0", "1"], 1, slots).gpu == "0"
-    workers.release_slots()  # gw0 dies: its lock goes with it
-    assert workers.claim_slot("gw1", ["0", "1"], 1, slots).gpu == "1"
+    assert gpus.claim_slot("gw0", ["0", "1"], 1, slots).gpu == "0"
+    gpus.release_slots()  # gw0 dies: its lock goes with it
+    assert gpus.claim_slot("gw1", ["0", "1"], 1, slots).gpu == "1"
     # gw2 (the replacement) would start at slot 0 anyway; gw3 starts at slot 1, held by gw1.
-    assert workers.claim_slot("gw3", ["0", "1"], 1, slots).gpu == "0"
+    assert gpus.claim_slot("gw3", ["0", "1"], 1, slots).gpu == "0"
 
 
 def test_more_workers_than_slots_share_round_robin(slots):
-    workers.claim_slot("gw0", ["0"], 1, slots)
-    pin = workers.claim_slot("gw1", ["0"], 1, slots)
+    gpus.claim_slot("gw0", ["0"], 1, slots)
+    pin = gpus.claim_slot("gw1", ["0"], 1, slots)
     assert pin.gpu == "0" and pin.slot == "gpu0-gw1"
 
 
 def test_worker_is_pinned_with_its_own_triton_cache(monkeypatch, slots):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
-    monkeypatch.setenv(workers.GPU_IDS_ENV, "3,5")
-    monkeypatch.setenv(workers.SLOTS_DIR_ENV, str(slots))
-    monkeypatch.setenv(workers.WORKERS_PER_GPU_ENV, "1")
+    monkeypatch.setenv(gpus.GPU_IDS_ENV, "3,5")
+    monkeypatch.setenv(gpus.SLOTS_DIR_ENV, str(slots))
+    monkeypatch.setenv(gpus.WORKERS_PER_GPU_ENV, "1")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(slots / "cache"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    pin = workers.pin_this_worker()
+    pin = gpus.pin_this_worker()
     assert pin.gpu == "5" and os.environ["CUDA_VISIBLE_DEVICES"] == "5"
     assert os.environ["TRITON_CACHE_DIR"] == str(slots / "cache" / "xdist-gpu5-0")
 
 
 def test_cpu_worker_gets_its_own_triton_cache_and_no_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
-    monkeypatch.delenv(workers.GPU_IDS_ENV, raising=False)
+    monkeypatch.delenv(gpus.GPU_IDS_ENV, raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    assert workers.pin_this_worker() == workers.Pin(gpu=None, slot="gw2")
+    assert gpus.pin_this_worker() == gpus.Pin(gpu=None, slot="gw2")
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "xdist-gw2")
 
 
 def test_visible_gpu_ids_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
-    assert workers.visible_gpu_ids(2) == ["2", "3"]
+    assert gpus.visible_gpu_ids(2) == ["2", "3"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert workers.visible_gpu_ids(2) == ["0", "1"]
+    assert gpus.visible_gpu_ids(2) == ["0", "1"]
 
 
 def test_auto_means_workers_per_gpu_times_gpus_and_the_core_count_without_cuda(monkeypatch):
     import torch
 
-    assert workers.auto_worker_count("cpu", 2) is None
+    assert gpus.auto_worker_count("cpu", 2) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert workers.auto_worker_count("auto", 1) == 2
-    assert workers.auto_worker_count("cuda", 3) == 6
+    assert gpus.auto_worker_count("auto", 1) == 2
+    assert gpus.auto_worker_count("cuda", 3) == 6
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert workers.auto_worker_count("auto", 1) is None
+    assert gpus.auto_worker_count("auto", 1) is None
 
 
 def test_shard_count_follows_the_workers_unless_given(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
-    assert workers.shard_count("auto") == 4
+    assert shards.resolved_shard_count(shards.shard_count("auto")) == 4
     monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT")
-    assert workers.shard_count("auto") == 1
-    assert workers.shard_count("3") == 3
+    assert shards.resolved_shard_count(shards.shard_count("auto")) == 1
+    assert shards.resolved_shard_count(shards.shard_count("3")) == 3
     for bad in ("0", "many"):
-        with pytest.raises(ValueError, match="--shards="):
-            workers.shard_count(bad)
+        with pytest.raises(argparse.ArgumentTypeError, match="--shards="):
+            shards.shard_count(bad)
 
 
 def test_each_shard_runs_its_share_of_the_examples():
     own = settings(max_examples=40)
-    assert workers.shard_settings(own, shard=Shard(0, 4), profile_max_examples=40, max_examples=None).max_examples == 10
-    assert workers.shard_settings(own, shard=Shard(2, 3), profile_max_examples=40, max_examples=None).max_examples == 14
+    assert shards.shard_settings(own, shard=Shard(0, 4), profile_max_examples=40, max_examples=None).max_examples == 10
+    assert shards.shard_settings(own, shard=Shard(2, 3), profile_max_examples=40, max_examples=None).max_examples == 14
     half = settings(max_examples=20)  # a property that runs half the profile's examples keeps its half
-    assert workers.shard_settings(half, shard=Shard(0, 4), profile_max_examples=40, max_examples=400) \
+    assert shards.shard_settings(half, shard=Shard(0, 4), profile_max_examples=40, max_examples=400) \
         .max_examples == 50
 
 
@@ -103,7 +104,7 @@ def _drawn(shard: Shard | None, derandomize: bool) -> list[int]:
     def draws(value):
         seen.append(value)
 
-    with workers.sharded(draws, "tests/x.py::draws", shard=shard, profile_max_examples=8, max_examples=None):
+    with shards.sharded(draws, "tests/x.py::draws", shard=shard, profile_max_examples=8, max_examples=None):
         draws()
     return seen
 
@@ -120,7 +121,7 @@ def test_sharding_restores_the_tests_own_settings():
     def draws(value):
         pass
 
-    with workers.sharded(draws, "x", shard=Shard(0, 2), profile_max_examples=8, max_examples=None):
+    with shards.sharded(draws, "x", shard=Shard(0, 2), profile_max_examples=8, max_examples=None):
         assert draws._hypothesis_internal_use_settings.max_examples == 4
     assert draws._hypothesis_internal_use_settings.max_examples == 8
     assert draws._hypothesis_internal_use_seed is None

@@ -16,21 +16,25 @@ from . import gpus
 # An xdist worker claims its GPU before anything can initialise CUDA in this process.
 PIN = gpus.pin_this_worker()
 
+import argparse  # noqa: E402
 import datetime  # noqa: E402
+import functools  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # noqa: E402
 
-from .. import cases, run_report  # noqa: E402
+from .. import cases  # noqa: E402
 from ..strategies import SizeLimits  # noqa: E402
-from . import casefiles, knobs, profiles, shards  # noqa: E402
+from . import casefiles, knobs, profiles, run_report, shards  # noqa: E402
 from .containment import CudaContextLost, Guard, is_sticky_cuda_error  # noqa: E402
 from .target import DEFAULT_IMPL, DeviceError, ImplSpecError, Target, load_target, resolve_device  # noqa: E402
 
@@ -51,11 +55,8 @@ def positive_int(text: str) -> int:
     except ValueError:
         number = 0
     if number < 1:
-        raise ValueError(f"{text!r}: expected a positive whole number")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number")
     return number
-
-
-positive_int.__name__ = "positive whole number"  # argparse names the type in its error message
 
 _OPTIONS = (
     # flag, environment variable, default, type, choices, metavar, help
@@ -126,6 +127,11 @@ def current_run() -> RunState:
     return _active
 
 
+def _xdist_role(config: pytest.Config) -> SimpleNamespace:
+    """What xdist's helpers (written for a request or session) need: an object with ``.config``."""
+    return SimpleNamespace(config=config)
+
+
 def _tier(option: str, spec: str) -> str:
     if option != "auto":
         return option
@@ -139,7 +145,8 @@ def _run_state(config: pytest.Config) -> RunState:
         target = load_target(option.impl, root=config.rootpath)
     except (DeviceError, ImplSpecError) as error:
         raise pytest.UsageError(str(error)) from None
-    worker = get_xdist_worker_id(config) if is_xdist_worker(config) else None
+    role = _xdist_role(config)
+    worker = get_xdist_worker_id(role) if is_xdist_worker(role) else None
     # The controller names the run and its workers inherit the name; a worker then drops it, so that a
     # pytest it starts (tests/ does) is a run of its own.
     run_id = os.environ.pop(RUN_ID_ENV, None) if worker else None
@@ -181,6 +188,20 @@ def _is_property(function: object, path: Path) -> bool:
     return shards.is_hypothesis_test(function) and Path(path).resolve().is_relative_to(PROPERTY_SUITE)
 
 
+def _declared_lse(target: Target, function: Callable) -> Callable:
+    """``function`` whose LSE is None exactly when the target declares ``returns_lse = False``."""
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        output, lse = function(*args, **kwargs)
+        if target.returns_lse and lse is None:
+            raise AssertionError(f"{target.spec} returned lse=None; an implementation without a final LSE "
+                                 "declares returns_lse = False")
+        return output, (lse if target.returns_lse else None)
+
+    return call
+
+
 class SuiteRun:
     """One pytest run of the suite: its recorder, guard, shards and report; hooks and fixtures as methods."""
 
@@ -198,7 +219,7 @@ class SuiteRun:
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
         cases.add_build_observer(self.recorder.note_build)
         cases.add_build_observer(run_report.observe_case)
-        if is_xdist_controller(config):
+        if is_xdist_controller(_xdist_role(config)):
             os.environ[RUN_ID_ENV] = state.run_id
             if state.device.type == "cuda":
                 self.slots_dir = gpus.export_gpus(gpus.visible_gpu_ids(torch.cuda.device_count()),
@@ -209,11 +230,11 @@ class SuiteRun:
             run_report.listen_to_hypothesis()
 
     def _claims_dir(self, config: pytest.Config) -> Path:
-        inherited = os.environ.get(CLAIMS_DIR_ENV) if is_xdist_worker(config) else None
+        inherited = os.environ.get(CLAIMS_DIR_ENV) if is_xdist_worker(_xdist_role(config)) else None
         if inherited:
             return Path(inherited)
         self.own_claims_dir = Path(tempfile.mkdtemp(prefix="gqa-decode-claims-"))
-        if is_xdist_controller(config):
+        if is_xdist_controller(_xdist_role(config)):
             os.environ[CLAIMS_DIR_ENV] = str(self.own_claims_dir)
         return self.own_claims_dir
 
@@ -396,7 +417,7 @@ class SuiteRun:
     @pytest.fixture(scope="session")
     def impl(self):
         """The implementation under test (``--impl``): records its calls, draws its knobs, contains faults."""
-        function = self.knob_draws.applied_to(self.state.target.function)
+        function = _declared_lse(self.state.target, self.knob_draws.applied_to(self.state.target.function))
         return self.guard.wrap(function, self.recorder.note_call)
 
     @pytest.fixture(autouse=True)

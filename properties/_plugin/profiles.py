@@ -30,9 +30,9 @@ from hypothesis.database import (
     ReadOnlyDatabase,
 )
 
-from .strategies import SizeLimits
+from ..strategies import SizeLimits
 
-DATABASE_DIR = Path(__file__).resolve().parent.parent / ".hypothesis" / "examples"
+DATABASE_DIR = Path(".hypothesis") / "examples"  # relative to the working directory, as Hypothesis's own
 DATABASE_DIR_ENV = "GQA_DECODE_DATABASE_DIR"
 REDIS_URL_ENV = "GQA_DECODE_REDIS_URL"
 NIGHTLY_REPO_ENV = "GQA_DECODE_NIGHTLY_REPO"

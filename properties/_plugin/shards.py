@@ -18,6 +18,7 @@ Hypothesis's private attributes (settings, seed and database digest of a test).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import hashlib
@@ -72,7 +73,7 @@ def shard_count(option: str) -> int | str:
     except ValueError:
         count = 0
     if count < 1:
-        raise ValueError(f"--shards={option!r}: expected a positive number or 'auto'")
+        raise argparse.ArgumentTypeError(f"--shards={option!r}: expected a positive number or 'auto'")
     return count
 
 
@@ -208,3 +209,19 @@ class FailureClaims:
         finally:
             hypothesis_handle.inner_test = inner
 
+
+
+
+def running_example() -> object | None:
+    """The running Hypothesis example's build context, or None outside one."""
+    from hypothesis.control import current_build_context
+
+    try:
+        return current_build_context()
+    except Exception:  # noqa: BLE001 - outside a Hypothesis test
+        return None
+
+
+def draw_in(example: object, strategy, label: str):
+    """Draw from ``strategy`` inside ``example`` (as ``st.data()`` does): the value shrinks and replays with it."""
+    return example.data.draw(strategy, label=label)

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import torch
 
-from reference import Reference
-from reference.compare import error_ratio
+from .. import sibling
 
-GROUP = 8  # query heads per KV head
+reference = sibling("reference")
+Reference, GROUP, NUM_KV_HEADS = reference.Reference, reference.GROUP, reference.NUM_KV_HEADS
+NUM_QO_HEADS, HEAD_DIM = reference.NUM_QO_HEADS, reference.HEAD_DIM
+error_ratio = sibling("reference.compare").error_ratio
 
 __all__ = ["describe_layout", "describe_mismatch", "ratios", "ranges", "write_heatmap"]
 
@@ -104,7 +106,7 @@ def ratios(output: torch.Tensor, lse: torch.Tensor, reference: Reference) -> tup
 
 
 def _heads_in_words(heads: list[int]) -> str:
-    whole = [kv for kv in range(4) if all(h in heads for h in range(kv * GROUP, (kv + 1) * GROUP))]
+    whole = [kv for kv in range(NUM_KV_HEADS) if all(h in heads for h in range(kv * GROUP, (kv + 1) * GROUP))]
     text = f"heads {ranges(heads)}"
     return text + (f" (all of KV head(s) {ranges(whole)})" if whole else "")
 
@@ -179,12 +181,12 @@ def write_heatmap(path: Path, out_ratio: torch.Tensor, lse_ratio: torch.Tensor, 
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, max(4.0, min(0.25 * batch * 4, 24.0))),
                                          gridspec_kw={"width_ratios": [4, 1]})
     options = {"cmap": "RdYlBu_r", "vmin": -4.0, "vmax": 4.0, "aspect": "auto", "interpolation": "nearest"}
-    image = left.imshow(shown(out_ratio.reshape(batch * 32, 128)).numpy(), **options)
+    image = left.imshow(shown(out_ratio.reshape(batch * NUM_QO_HEADS, HEAD_DIM)).numpy(), **options)
     left.set_title("output: log10(err / bound)")
     left.set_xlabel("dim")
-    left.set_yticks([s * 32 for s in range(batch)], [f"seq {s}" for s in range(batch)])
+    left.set_yticks([s * NUM_QO_HEADS for s in range(batch)], [f"seq {s}" for s in range(batch)])
     for s in range(1, batch):
-        left.axhline(s * 32 - 0.5, color="black", linewidth=0.5)
+        left.axhline(s * NUM_QO_HEADS - 0.5, color="black", linewidth=0.5)
     right.imshow(shown(lse_ratio).numpy(), **options)
     right.set_title("lse: log10(err / bound)")
     right.set_xlabel("head")

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .shards import property_name
+
 __all__ = ["Tally", "tally", "flush", "observe_case", "write_report", "property_name", "merge", "verdict_line"]
 
 # Bucket edges (upper bounds, inclusive) and labels: what "covered" means at a glance.
@@ -49,11 +51,6 @@ def _scale_kind(scale: float | None) -> str:
     if scale < 0:
         return "negative"
     return "tiny (<1e-3)" if scale < 1e-3 else "ordinary (<=1)" if scale <= 1 else "large (>1)"
-
-
-def property_name(nodeid: str) -> str:
-    """The property a test item belongs to: its node id without the shard parameter."""
-    return re.sub(r"\[shard\d+of\d+\]$|(?<=\[)shard\d+of\d+-|-shard\d+of\d+(?=\])", "", nodeid)
 
 
 @dataclass

@@ -1,0 +1,120 @@
+"""Replay a saved failure: ``python -m properties.repro FILE [--device cpu|cuda] [--impl TARGET]``.
+
+Loads a case file written by the suite (``failures/*.pt``), runs the implementation
+on the recorded inputs (same values, shapes and strides) on the chosen device,
+compares with the float64 oracle and prints what is off: which sequences, heads and
+dims, by how much against the bound, and the layout of the call in words. Writes a
+heatmap of err/bound next to the case file. Exits 1 when the failure reproduces,
+0 when everything is within bound, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m properties.repro", description=__doc__.splitlines()[0])
+    parser.add_argument("file", metavar="FILE", type=Path, help="a case file under failures/")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where to replay: cuda, cpu (Triton interpreter), auto (cuda when available)")
+    parser.add_argument("--impl", metavar="TARGET", default=None,
+                        help="implementation to replay against (default: the one that failed)")
+    parser.add_argument("--png", metavar="PATH", type=Path, default=None,
+                        help="where to write the err/bound heatmap (default: next to FILE)")
+    parser.add_argument("--no-png", action="store_true", help="write no heatmap")
+    return parser
+
+
+def _header(payload: dict, device, impl_spec: str) -> list[str]:
+    from .._plugin.casefiles import device_name, versions
+
+    then = payload["versions"]
+    now = versions()
+    changed = [f"{name} {then.get(name)} -> {now[name]}" for name in now if then.get(name) != now[name]]
+    error = (payload.get("error") or "").strip().splitlines()
+    return [
+        f"property : {payload['nodeid']}",
+        f"case     : {payload.get('case_repr') or 'not built from a DecodeCase'}",
+        f"found on : {payload['device_name']}, profile {payload['profile']}, "
+        f"{payload['created']}",
+        f"impl     : {payload['impl']}" + (f" (replaying {impl_spec})" if impl_spec != payload["impl"] else ""),
+        f"replay on: {device_name(device)}" + (f"; versions differ: {', '.join(changed)}" if changed else ""),
+        f"error    : {error[0] if error else '-'}",
+        *(f"           {line}" for line in error[1:8]),
+    ]
+
+
+def _replay_call(number: int, call: dict, impl, device, png: Path | None, title: str, case) -> bool:
+    """Replay one recorded call; print its layout and diagnosis; True when it fails."""
+    from .. import sibling
+    from .._plugin.casefiles import CaseFileError, restore_call
+    from .diagnosis import describe_layout, describe_mismatch, ratios, write_heatmap
+
+    try:
+        args, kwargs = restore_call(call, device, case)
+    except CaseFileError as error:
+        print(f"\n-- call {number}: cannot be replayed from the file: {error}")
+        return False
+    print(f"\n-- call {number}: layout")
+    for line in describe_layout(*args, **kwargs):
+        print(f"   {line}")
+    try:
+        output, lse = impl(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - an implementation's exception is a finding, not a crash
+        print(f"-- call {number}: the implementation raised {type(error).__name__}: {error}")
+        return True
+    reference = sibling("reference").attend(*args, **{k: v for k, v in kwargs.items() if k == "sm_scale"})
+    lines, failed = describe_mismatch(output, lse, reference, kwargs.get("kv_indptr", args[3]))
+    print(f"-- call {number}: result against the float64 oracle")
+    for line in lines:
+        print(f"   {line}")
+    if png is not None and output.shape == reference.output.shape and lse.shape == reference.lse.shape:
+        try:
+            print(f"   heatmap: {write_heatmap(png, *ratios(output, lse, reference), title)}")
+        except ImportError:
+            print("   no heatmap: matplotlib is not installed")
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replay a case file; see the module docstring for the exit status."""
+    options = _parser().parse_args(argv)
+    from .._plugin.casefiles import CaseFileError, case_from_fields, load_case
+    from .._plugin.target import DeviceError, ImplSpecError, load_impl, resolve_device
+
+    try:
+        device = resolve_device(options.device)  # before any Triton kernel is imported
+        payload = load_case(options.file)
+        impl_spec = options.impl or payload["impl"]
+        impl = load_impl(impl_spec)
+        case = case_from_fields(payload.get("case_fields"))
+    except (CaseFileError, DeviceError, ImplSpecError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for line in _header(payload, device, impl_spec):
+        print(line)
+    calls = payload["calls"]
+    if not calls:
+        print("\nno inputs were recorded for this failure; rerun the test: pytest "
+              f"'{payload['nodeid']}' --hypothesis-profile=repro")
+        return 1
+    failed = False
+    for number, call in enumerate(calls):
+        png = None
+        if not options.no_png:
+            base = options.png or options.file.with_suffix("")
+            png = base.with_name(f"{base.stem}-call{number}.png") if len(calls) > 1 else base.with_suffix(".png")
+        failed |= _replay_call(number, call, impl, device, png, f"{payload['nodeid']} call {number}", case)
+    if failed:
+        print(f"\nreproduced on {device}.")
+    else:
+        print(f"\ndid not reproduce on {device}: every recorded call is within the bound. The failure may need the "
+              f"device it was found on, or concern a relation between calls: rerun pytest '{payload['nodeid']}'.")
+    return 1 if failed else 0
+
+
