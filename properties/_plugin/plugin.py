@@ -117,6 +117,7 @@ class RunState:
 
 
 RUN = pytest.StashKey[RunState]()
+SUITE_RUN = "gqa-decode-run"  # the name the SuiteRun object is registered under
 _active: RunState | None = None  # for test modules, which build their strategies when imported
 
 
@@ -170,7 +171,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = _run_state(config)
     config.stash[RUN] = state
     _active = state
-    config.pluginmanager.register(SuiteRun(config, state), "gqa-decode-run")
+    config.pluginmanager.register(SuiteRun(config, state), SUITE_RUN)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -186,6 +187,13 @@ def _profile_name() -> str:
 
 def _is_property(function: object, path: Path) -> bool:
     return shards.is_hypothesis_test(function) and Path(path).resolve().is_relative_to(PROPERTY_SUITE)
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    """The run report's word for a test phase's result; "stopped" for a shard that gave way to a sibling."""
+    if report.skipped:
+        return "stopped" if "stopped:" in str(report.longrepr) else "skipped"
+    return report.outcome
 
 
 def _declared_lse(target: Target, function: Callable) -> Callable:
@@ -212,6 +220,7 @@ class SuiteRun:
         self.own_claims_dir: Path | None = None
         self.report_path: Path | None = None
         self.started: dict[str, float] = {}
+        self.outcomes: dict[str, dict] = {}  # per item: outcome, case file, error (for the run report)
         self.guard = Guard(state.device, save=self._save_after_fault, nodeid=lambda: self.recorder.nodeid,
                            in_worker=state.worker is not None, replay=casefiles.replay_command)
         self.shard_count = shards.resolved_shard_count(config.option.shards)
@@ -280,20 +289,6 @@ class SuiteRun:
         metafunc.parametrize("hypothesis_shard", [shards.Shard(i, self.shard_count) for i in range(self.shard_count)],
                              indirect=True, ids=str)
 
-    @pytest.fixture(autouse=True)
-    def hypothesis_shard(self, request: pytest.FixtureRequest):
-        """This property's shard (None when unsharded); applies its share of examples and its seed."""
-        shard = getattr(request, "param", None)
-        if request.scope != "function" or not _is_property(request.function, request.node.path):
-            yield shard
-            return
-        with shards.sharded(
-            request.function, shards.property_name(request.node.nodeid), shard=shard,
-            profile_max_examples=settings.default.max_examples, max_examples=self.config.option.max_examples,
-            forced_seed=self.config.getoption("hypothesis_seed", None),
-        ):
-            yield shard
-
     @pytest.hookimpl(hookwrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item):
         callspec = getattr(item, "callspec", None)
@@ -318,10 +313,13 @@ class SuiteRun:
         report = outcome.get_result()
         if call.when == "call" and report.failed:
             self._record_failure(item, call, report)
+        if report.skipped or call.when == "call":
+            self.outcomes.setdefault(item.nodeid, {}).update(outcome=_outcome(report))
         if call.when == "teardown" and self.state.report_dir is not None and _is_property(
                 getattr(item, "obj", None), item.path):
             seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
-            run_report.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu())
+            run_report.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
+                             tier=self.state.contract, **self.outcomes.pop(item.nodeid, {}))
 
     def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
         error = call.excinfo.value
@@ -337,6 +335,7 @@ class SuiteRun:
             return
         path = self._save_case(call.excinfo.exconly(), str(getattr(item, "hypothesis_report_information", "")),
                                device_readable=not sticky)
+        self.outcomes[item.nodeid] = {"case_file": path, "error": call.excinfo.exconly()}
         shown = f"{path}\nreplay: {casefiles.replay_command(path)}" if path else self._budget_note()
         report.sections.append(("gqa-decode case file", shown))
         if sticky:
@@ -372,10 +371,16 @@ class SuiteRun:
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
         """A worker died running ``crashitem``: add the case file it saved, if any, to the crash report."""
-        for entry in casefiles.runs_index(self.state.failures_dir, self.state.run_id):
-            if entry["nodeid"] == crashitem:
-                report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
-                                   f"replay: {casefiles.replay_command(entry['path'])}")
+        saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.run_id)
+                 if entry["nodeid"] == crashitem]
+        for entry in saved:
+            report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
+                               f"replay: {casefiles.replay_command(entry['path'])}")
+        if self.state.report_dir is not None:
+            run_report.begin(crashitem)
+            run_report.flush(self.state.report_dir, "controller", 0.0, outcome="crashed", tier=self.state.contract,
+                             case_file=saved[0]["path"] if saved else None,
+                             error=saved[0]["error"] if saved else "the worker running it died")
 
     # ---- the end -------------------------------------------------------------------------------
 
@@ -402,26 +407,51 @@ class SuiteRun:
                 terminalreporter.write_line(line)
             terminalreporter.write_line(f"report: {self.report_path} (summary.png beside it)")
 
-    # ---- fixtures ------------------------------------------------------------------------------
 
-    @pytest.fixture(scope="session")
-    def device(self) -> torch.device:
-        """The device the kernel under test runs on."""
-        return self.state.device
+# ---- fixtures (module level: pytest reads them from the plugin module) ----------------------------
 
-    @pytest.fixture(scope="session")
-    def contract(self) -> str:
-        """The contract tier the implementation is held to: "correct" or "strict"."""
-        return self.state.contract
 
-    @pytest.fixture(scope="session")
-    def impl(self):
-        """The implementation under test (``--impl``): records its calls, draws its knobs, contains faults."""
-        function = _declared_lse(self.state.target, self.knob_draws.applied_to(self.state.target.function))
-        return self.guard.wrap(function, self.recorder.note_call)
+def _suite_run(config: pytest.Config) -> SuiteRun:
+    return config.pluginmanager.get_plugin(SUITE_RUN)
 
-    @pytest.fixture(autouse=True)
-    def cuda_context_check(self):
-        """After each test on CUDA: a sticky error still pending is charged to that test, then contained."""
-        yield
-        self.guard.check_context()
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> torch.device:
+    """The device the kernel under test runs on."""
+    return pytestconfig.stash[RUN].device
+
+
+@pytest.fixture(scope="session")
+def contract(pytestconfig: pytest.Config) -> str:
+    """The contract tier the implementation is held to: "correct" or "strict"."""
+    return pytestconfig.stash[RUN].contract
+
+
+@pytest.fixture(scope="session")
+def impl(pytestconfig: pytest.Config) -> Callable:
+    """The implementation under test (``--impl``): records its calls, draws its knobs, contains faults."""
+    run = _suite_run(pytestconfig)
+    function = _declared_lse(run.state.target, run.knob_draws.applied_to(run.state.target.function))
+    return run.guard.wrap(function, run.recorder.note_call)
+
+
+@pytest.fixture(autouse=True)
+def hypothesis_shard(request: pytest.FixtureRequest):
+    """This property's shard (None when unsharded); applies its share of examples and its seed."""
+    shard = getattr(request, "param", None)
+    if request.scope != "function" or not _is_property(request.function, request.node.path):
+        yield shard
+        return
+    with shards.sharded(
+        request.function, shards.property_name(request.node.nodeid), shard=shard,
+        profile_max_examples=settings.default.max_examples, max_examples=request.config.option.max_examples,
+        forced_seed=request.config.getoption("hypothesis_seed", None),
+    ):
+        yield shard
+
+
+@pytest.fixture(autouse=True)
+def cuda_context_check(pytestconfig: pytest.Config):
+    """After each test on CUDA: a sticky error still pending is charged to that test, then contained."""
+    yield
+    _suite_run(pytestconfig).guard.check_context()
