@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+from .. import NAMESPACE
+
+REPLAY_MODULE = f"{NAMESPACE}.properties.repro" if NAMESPACE else "properties.repro"
 FORMAT = "gqa-decode-case/2"
 INDEX_NAME = "index.jsonl"
 MAX_CASE_FILE_BYTES = 4 * 2**20
@@ -271,4 +274,4 @@ def replay_command(path: Path | str) -> str:
         shown = path.resolve().relative_to(Path.cwd().resolve())
     except ValueError:
         shown = path
-    return f"python -m properties.repro {shown}"
+    return f"python -m {REPLAY_MODULE} {shown}"
