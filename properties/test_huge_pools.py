@@ -10,7 +10,6 @@ referenced rows; the oracle gathers only those.
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import example, given, note
 
 from .cases import DecodeCase, build
@@ -34,11 +33,9 @@ pytestmark = pytest.mark.gpu
 @example(case=DecodeCase(lengths=(3, 1), page_layout="pool_end", spare_pages=6_000_000, kv_layout="heads_outer"))
 # Dim-major pool: dim 127 sits 127 * P * 4 elements in, past 2**31 for P above ~4.23M pages.
 @example(case=DecodeCase(lengths=(3,), page_layout="pool_end", spare_pages=4_300_000, kv_layout="dim_outer"))
-def test_page_ids_beyond_2_to_the_22_give_the_right_answer(impl, device, case):
-    try:
+def test_page_ids_beyond_2_to_the_22_give_the_right_answer(impl, device, large_allocation, case):
+    with large_allocation():  # up to ~20 GB per example: one such example per GPU at a time
         inputs = build(case, device)
         note(f"largest page id {int(inputs.kv_indices.max()) if inputs.kv_indices.numel() else None}")
         run_and_check(impl, inputs, f"case {case}")
-    finally:
-        inputs = None
-        torch.cuda.empty_cache()  # up to ~20 GB per example: keep pool sizes from piling up in the cache
+        del inputs  # freed before the next worker's turn

@@ -1,20 +1,18 @@
 """``--impl`` points the whole property suite at another implementation."""
 
 import subprocess
-import sys
-from pathlib import Path
+import tempfile
 
 import pytest
 
 from properties._plugin.target import ImplSpecError, load_impl
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 
 def run_suite(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pytest", "properties/test_decode.py", "-p", "no:cacheprovider",
-               "-n0", "--hypothesis-profile=ci", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    with tempfile.TemporaryDirectory() as failures:  # case files of expected failures stay out of the checkout
+        env = clean_environment(GQA_DECODE_FAILURES_DIR=failures, GQA_DECODE_REPORT_DIR="none")
+        return run_pytest("properties/test_decode.py", "-n0", "--hypothesis-profile=ci", *args, env=env)
 
 
 def test_file_path_impl_passes_when_correct():

@@ -81,7 +81,8 @@ def test_case_file_keeps_values_strides_and_gaps(tmp_path):
 def test_case_file_after_a_fault_is_rebuilt_from_the_case(tmp_path):
     record = casefiles.Recorder()
     record.begin("tests/x.py::test_x")
-    record.note_build(CASE, build(CASE))
+    inputs = build(CASE)  # alive while the case file is written, as in a failing test's traceback
+    record.note_build(CASE, inputs)
     path = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
                                device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False)
     saved = casefiles.load_case(path)

@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import re
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,23 +50,41 @@ class CaseFileError(ValueError):
     """A file that is not a case file this version can read; the message says why."""
 
 
+class _Weak:
+    """A weak reference to a tensor argument: recording never keeps a page pool alive (when a test fails,
+    its traceback does, until the case file is written)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.ref = weakref.ref(tensor)
+
+
+def _weakly(value: Any) -> Any:
+    return _Weak(value) if isinstance(value, torch.Tensor) else value
+
+
+def _strongly(value: Any) -> Any:
+    return value.ref() if isinstance(value, _Weak) else value
+
+
 @dataclass
 class Recorder:
-    """What the running test last built and called (one test at a time per process)."""
+    """What the running test last built and called (one test at a time per process), held weakly."""
 
     nodeid: str | None = None
     case: Any = None
-    built: Any = None  # the DecodeInputs built from ``case``
+    built: dict[str, Any] = field(default_factory=dict)  # argument name -> weakly held tensor built from ``case``
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
 
     def begin(self, nodeid: str) -> None:
-        self.nodeid, self.case, self.built, self.calls = nodeid, None, None, []
+        self.nodeid, self.case, self.built, self.calls = nodeid, None, {}, []
 
     def note_build(self, case: Any, inputs: Any = None) -> None:
-        self.case, self.built, self.calls = case, inputs, []
+        self.case, self.calls = case, []
+        self.built = {name: _weakly(value) for name, value in inputs._asdict().items()} if inputs is not None else {}
 
     def note_call(self, args: tuple, kwargs: dict) -> None:
-        self.calls = [*self.calls[-(_MAX_CALLS - 1):], (args, kwargs)]
+        call = (tuple(_weakly(a) for a in args), {k: _weakly(v) for k, v in kwargs.items()})
+        self.calls = [*self.calls[-(_MAX_CALLS - 1):], call]
 
     @property
     def used(self) -> bool:
@@ -90,12 +109,18 @@ def _geometry(value: torch.Tensor) -> dict:
 class _Packer:
     """Turns one call's arguments into portable values within a byte allowance."""
 
-    def __init__(self, built: Any, allowance: int, device_readable: bool) -> None:
-        self.built = {id(t): name for name, t in built._asdict().items()} if built is not None else {}
+    def __init__(self, built: dict[str, Any], allowance: int, device_readable: bool) -> None:
+        alive = {name: _strongly(value) for name, value in built.items()}
+        self.built = {id(t): name for name, t in alive.items() if isinstance(t, torch.Tensor)}
+        self.alive = alive  # held while packing, so that ids stay unique
         self.allowance = allowance
         self.device_readable = device_readable
 
     def pack(self, value: Any) -> Any:
+        if isinstance(value, _Weak):
+            value = value.ref()
+            if value is None:
+                return {"omitted": "the tensor was released before the failure was saved"}
         if not isinstance(value, torch.Tensor):
             return value
         if id(value) in self.built:
@@ -115,8 +140,8 @@ def _packed_calls(record: Recorder, device_readable: bool) -> list[dict]:
     packer = _Packer(record.built, MAX_CASE_FILE_BYTES, device_readable)
     calls = [{"args": [packer.pack(a) for a in args], "kwargs": {k: packer.pack(v) for k, v in kwargs.items()}}
              for args, kwargs in record.calls]
-    if not calls and record.built is not None:  # faulted before any call was recorded: replay the built call
-        calls = [{"args": [packer.pack(a) for a in record.built], "kwargs": {}}]
+    if not calls and record.built:  # faulted before any call was recorded: replay the built call
+        calls = [{"args": [packer.pack(a) for a in record.built.values()], "kwargs": {}}]
     return calls
 
 
@@ -128,7 +153,7 @@ def _restored(value: Any, device: torch.device, built: Any) -> Any:
     if "tensor" in value:
         return value["tensor"].to(device).as_strided(value["size"], value["stride"], value["offset"])
     if "omitted" in value:
-        raise CaseFileError(f"an argument of shape {value['size']} was not saved: {value['omitted']}")
+        raise CaseFileError(f"an argument of shape {value.get('size', '?')} was not saved: {value['omitted']}")
     return value
 
 

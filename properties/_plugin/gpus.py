@@ -2,7 +2,7 @@
 
 On a GPU host ``-n auto`` starts one worker per visible GPU (``--workers-per-gpu``
 for more). The controller counts the GPUs and exports their ids; each worker, when
-conftest.py is imported and before anything touches CUDA, claims a free slot (a lock
+the plugin is imported and before anything touches CUDA, claims a free slot (a lock
 file held for the life of the process, so a worker that replaces a crashed one takes
 over the dead worker's GPU) and pins itself there with ``CUDA_VISIBLE_DEVICES``. Each
 slot has its own ``TRITON_CACHE_DIR`` (concurrent writers of one Triton cache race).
@@ -12,10 +12,12 @@ Nothing here imports torch at module level: it runs before the worker is pinned.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +25,8 @@ GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
 SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
-__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "pin_this_worker", "release_slots",
-           "visible_gpu_ids"]
+__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "pin_this_worker",
+           "release_slots", "visible_gpu_ids"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Pin:
 
     gpu: str | None
     slot: str
+    slots_dir: Path | None = None  # shared by the workers of one run (lock files)
 
 
 _held_slot_locks: list[int] = []  # claimed slots' lock files, open for the life of the worker
@@ -94,9 +97,9 @@ def claim_slot(worker: str, gpu_ids: list[str], workers_per_gpu: int, slots_dir:
             descriptor = _try_lock(slots_dir / f"gpu{gpu}-{copy}.lock")
             if descriptor is not None:
                 _held_slot_locks.append(descriptor)
-                return Pin(gpu=gpu, slot=f"gpu{gpu}-{copy}")
+                return Pin(gpu=gpu, slot=f"gpu{gpu}-{copy}", slots_dir=slots_dir)
     gpu, _ = order[0]  # more workers than slots (an explicit -n): share
-    return Pin(gpu=gpu, slot=f"gpu{gpu}-{worker}")
+    return Pin(gpu=gpu, slot=f"gpu{gpu}-{worker}", slots_dir=slots_dir)
 
 
 def _own_triton_cache(slot: str) -> None:
@@ -136,3 +139,19 @@ def auto_worker_count(device_choice: str, workers_per_gpu: int) -> int | None:
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return count * workers_per_gpu if count else None
+
+
+@contextlib.contextmanager
+def memory_turn(pin: Pin | None) -> Iterator[None]:
+    """Take this GPU's turn for an example that needs a large share of its memory: the workers sharing
+    the GPU run such examples one at a time, so the suite's own allocations cannot exhaust it together.
+    A no-op outside xdist GPU slots (one process per GPU)."""
+    if pin is None or pin.gpu is None or pin.slots_dir is None:
+        yield
+        return
+    descriptor = os.open(pin.slots_dir / f"gpu{pin.gpu}-memory.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # waits for the other workers' huge examples on this GPU
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock

@@ -17,6 +17,7 @@ from . import gpus
 PIN = gpus.pin_this_worker()
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import os  # noqa: E402
@@ -331,8 +332,8 @@ class SuiteRun:
         sticky = is_sticky_cuda_error(error)
         if sticky and self.state.worker:
             self.guard.contain(error)  # does not return
-        if not self.recorder.used:
-            return
+        if not self.recorder.used or not shards.is_hypothesis_test(getattr(item, "obj", None)):
+            return  # case files are for the suite's properties, not for unit tests that build a case
         path = self._save_case(call.excinfo.exconly(), str(getattr(item, "hypothesis_report_information", "")),
                                device_readable=not sticky)
         self.outcomes[item.nodeid] = {"case_file": path, "error": call.excinfo.exconly()}
@@ -455,3 +456,20 @@ def cuda_context_check(pytestconfig: pytest.Config):
     """After each test on CUDA: a sticky error still pending is charged to that test, then contained."""
     yield
     _suite_run(pytestconfig).guard.check_context()
+
+
+@pytest.fixture
+def large_allocation():
+    """A context for one example that allocates a large share of GPU memory (huge page pools): waits for
+    this GPU's turn among the workers sharing it, then frees the cached memory for the next worker."""
+
+    @contextlib.contextmanager
+    def turn():
+        with gpus.memory_turn(PIN):
+            try:
+                yield
+            finally:
+                with contextlib.suppress(RuntimeError):  # a lost context must not replace the test's own error
+                    torch.cuda.empty_cache()
+
+    return turn
