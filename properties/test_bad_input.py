@@ -28,6 +28,8 @@ from .cases import DecodeCase, DecodeInputs, build
 from .checks import run_and_check
 from .strategies import SizeLimits, decode_cases
 
+pytestmark = pytest.mark.input_validation
+
 # Validation does not depend on sizes: small cases keep the two calls per example cheap.
 LIMITS = SizeLimits(max_batch=3, max_len=40, max_spare_pages=8)
 INT32_MAX = 2**31 - 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given
 
@@ -21,6 +22,7 @@ def test_output_and_lse_within_error_bound(impl, device, case):
     steer_toward_the_bound(checked.worst_ratio)
 
 
+@pytest.mark.empty_sequences
 @given(case=decode_cases(limits=LIMITS, min_empty=1))
 def test_empty_sequences_give_zero_output_and_negative_infinite_lse(impl, device, case):
     inputs = build(case, device)

@@ -25,6 +25,7 @@ def test_batch_zero_gives_empty_results(impl, device, case):
     run_and_check(impl, build(case, device), f"case {case}")
 
 
+@pytest.mark.empty_sequences
 @share_of_examples(0.25)
 @given(case=decode_cases(limits=LIMITS, lengths=st.just(0)))
 @example(case=DecodeCase(lengths=(0,)))  # a pool of 0 pages

@@ -20,6 +20,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -37,7 +38,15 @@ from .. import cases  # noqa: E402
 from ..strategies import SizeLimits  # noqa: E402
 from . import casefiles, knobs, profiles, run_report, shards  # noqa: E402
 from .containment import CudaContextLost, Guard, is_sticky_cuda_error  # noqa: E402
-from .target import DEFAULT_IMPL, DeviceError, ImplSpecError, Target, load_target, resolve_device  # noqa: E402
+from .target import (  # noqa: E402
+    DEFAULT_IMPL,
+    WAIVERS,
+    DeviceError,
+    ImplSpecError,
+    Target,
+    load_target,
+    resolve_device,
+)
 
 PROPERTY_SUITE = Path(__file__).resolve().parent.parent
 RUN_ID_ENV = "GQA_DECODE_RUN_ID"
@@ -167,8 +176,10 @@ def pytest_configure(config: pytest.Config) -> None:
     global _active
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped when the kernel runs in the interpreter")
     config.addinivalue_line("markers", "strict: a claim of the strict tier only (--contract=strict)")
-    config.addinivalue_line("markers", "needs_lse: a claim about the LSE; skipped for an implementation "
-                                       "that declares returns_lse = False")
+    config.addinivalue_line("markers", "empty_sequences: a claim about empty sequences; skipped for an "
+                                       "implementation that waives empty_sequences")
+    config.addinivalue_line("markers", "input_validation: a claim about calls the contract forbids; skipped "
+                                       "for an implementation that waives input_validation")
     state = _run_state(config)
     config.stash[RUN] = state
     _active = state
@@ -197,8 +208,9 @@ def _outcome(report: pytest.TestReport) -> str:
     return report.outcome
 
 
-def _declared_lse(target: Target, function: Callable) -> Callable:
-    """``function`` whose LSE is None exactly when the target declares ``returns_lse = False``."""
+def _as_declared(target: Target, function: Callable) -> Callable:
+    """``function`` whose LSE is None exactly when the target declares ``returns_lse = False``, and whose
+    empty sequences' rows read as the contract's (0, -inf) when it waives ``empty_sequences``."""
 
     @functools.wraps(function)
     def call(*args, **kwargs):
@@ -206,7 +218,13 @@ def _declared_lse(target: Target, function: Callable) -> Callable:
         if target.returns_lse and lse is None:
             raise AssertionError(f"{target.spec} returned lse=None; an implementation without a final LSE "
                                  "declares returns_lse = False")
-        return output, (lse if target.returns_lse else None)
+        lse = lse if target.returns_lse else None
+        if "empty_sequences" in target.waives and isinstance(output, torch.Tensor):
+            indptr = kwargs["kv_indptr"] if "kv_indptr" in kwargs else args[3]
+            empty = (indptr[1:] == indptr[:-1]).to(output.device)
+            output = torch.where(empty[:, None, None], 0.0, output).to(output.dtype)
+            lse = None if lse is None else torch.where(empty[:, None], -math.inf, lse)
+        return output, lse
 
     return call
 
@@ -261,18 +279,18 @@ class SuiteRun:
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         state = self.state
-        lse = "" if state.target.returns_lse else " (no LSE: output checked alone)"
-        knob_text = f" knobs={','.join(state.target.knobs)}" if state.target.knobs else ""
-        return [f"gqa-decode: impl={state.target.spec}{lse}{knob_text} contract={state.contract} "
+        return [f"gqa-decode: impl={state.target.spec} contract={state.contract} "
                 f"device={state.device} case-sizes={state.sizes} hypothesis-profile={_profile_name()} "
-                f"shards={config.option.shards} run={state.run_id}"]
+                f"shards={config.option.shards} run={state.run_id}",
+                *(f"gqa-decode: the implementation declares {said}" for said in state.target.declarations())]
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         reasons = {
             "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
             else None,
             "strict": "a strict-tier claim (--contract=strict)" if self.state.contract != "strict" else None,
-            "needs_lse": "the implementation returns no LSE" if not self.state.target.returns_lse else None,
+            **{name: f"the implementation waives {name}: {WAIVERS[name]}" if name in self.state.target.waives
+               else None for name in WAIVERS},
         }
         for item in items:
             for marker, reason in reasons.items():
@@ -393,8 +411,9 @@ class SuiteRun:
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         state = self.state
-        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}"
-                                        + ("" if state.target.returns_lse else " (output only: no LSE)"))
+        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}")
+        for said in state.target.declarations():
+            terminalreporter.write_line(f"declared by the implementation: {said}")
         saved = casefiles.runs_index(state.failures_dir, state.run_id)
         if saved:
             terminalreporter.write_sep("=", "gqa-decode: failures saved as case files")
@@ -432,7 +451,7 @@ def contract(pytestconfig: pytest.Config) -> str:
 def impl(pytestconfig: pytest.Config) -> Callable:
     """The implementation under test (``--impl``): records its calls, draws its knobs, contains faults."""
     run = _suite_run(pytestconfig)
-    function = _declared_lse(run.state.target, run.knob_draws.applied_to(run.state.target.function))
+    function = _as_declared(run.state.target, run.knob_draws.applied_to(run.state.target.function))
     return run.guard.wrap(function, run.recorder.note_call)
 
 

@@ -8,6 +8,10 @@ has the contract's signature; it may declare, as attributes:
 - ``knobs = {"name": (default, other, ...)}``: keyword arguments that change how it
   computes (split counts, block sizes); every property draws one value of each per
   example, shrinking toward the first.
+- ``waives = ("empty_sequences", "input_validation")``: parts of the contract it does not
+  meet by design (a serving kernel whose engine never sends an empty sequence or a bad
+  page id). The suite then leaves empty sequences' rows unchecked, or skips the
+  bad-input claims, and the report says so: a declared difference, not a pass.
 
 The device is resolved once, here: on the CPU the kernel runs in Triton's interpreter,
 which must be switched on, with the bf16 compatibility layer, before any Triton kernel
@@ -54,6 +58,12 @@ def resolve_device(choice: str):
     return torch.device(choice)
 
 
+WAIVERS = {
+    "empty_sequences": "results of empty sequences are not checked",
+    "input_validation": "calls the contract forbids are not made (bad-input claims skipped)",
+}
+
+
 @dataclass(frozen=True)
 class Target:
     """The implementation under test and what it declares about itself."""
@@ -62,6 +72,13 @@ class Target:
     function: Callable
     returns_lse: bool = True
     knobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    waives: frozenset[str] = frozenset()
+
+    def declarations(self) -> list[str]:
+        """What the target declares, in words, for report headers."""
+        said = [] if self.returns_lse else ["no LSE: output checked alone"]
+        said += [f"knobs {', '.join(self.knobs)}"] if self.knobs else []
+        return said + [f"waives {name}: {WAIVERS[name]}" for name in sorted(self.waives)]
 
 
 def _declared_knobs(spec: str, function: Callable) -> dict[str, tuple[Any, ...]]:
@@ -79,7 +96,10 @@ def load_target(spec: str, root: Path | None = None) -> Target:
     returns_lse = getattr(function, "returns_lse", True)
     if not isinstance(returns_lse, bool):
         raise ImplSpecError(f"--impl={spec!r}: returns_lse must be True or False, got {returns_lse!r}")
-    return Target(spec, function, returns_lse, _declared_knobs(spec, function))
+    waives = getattr(function, "waives", ())
+    if isinstance(waives, str) or not set(waives) <= set(WAIVERS):
+        raise ImplSpecError(f"--impl={spec!r}: waives must be a tuple drawn from {tuple(WAIVERS)}, got {waives!r}")
+    return Target(spec, function, returns_lse, _declared_knobs(spec, function), frozenset(waives))
 
 
 class ImplSpecError(ValueError):
