@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import os
 import random
 import sys
 import time
@@ -55,17 +54,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')}={value} must be at least 1")
     return args
-
-
-def resolve_device(choice: str) -> torch.device:
-    """cuda when asked for or available; otherwise cpu, where Triton must interpret (set before import)."""
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device=cuda but torch sees no CUDA device; try --device=cpu")
-    if choice == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    return torch.device(choice)
 
 
 def random_length(rng: random.Random, max_len: int) -> int:
@@ -180,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarize:
         report(read_results(args.summarize))
         return 0
-    device = resolve_device(args.device)
+    from properties._plugin.target import DeviceError, resolve_device
+
+    try:
+        device = resolve_device(args.device)  # before any Triton kernel is imported
+    except DeviceError as error:
+        raise SystemExit(str(error)) from None
     examples, max_len, max_batch = DEVICE_DEFAULTS[device.type]
     args.examples, args.max_len = args.examples or examples, args.max_len or max_len
     args.max_batch = args.max_batch or max_batch
