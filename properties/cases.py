@@ -3,13 +3,15 @@
 Hypothesis draws descriptors (sizes, page layout, value regime, a seed), never
 tensors, so generation is fast, database entries are small and a shrunk
 counterexample reads as one line. ``build`` turns a descriptor into kernel
-arguments on any device, the same tensors each time on the same kind of device
-(values are drawn there; case files carry tensors from one device to another).
+arguments on any device, bit for bit the same tensors on every device: values are
+integer hashes of (seed, counter) computed on the device and turned into floats by
+exact steps, so a case that faulted on a GPU rebuilds on the CPU with the same inputs.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -126,74 +128,213 @@ def page_ids(case: DecodeCase, gen: torch.Generator) -> tuple[torch.Tensor, int]
 
 
 # ---- values ---------------------------------------------------------------------------------
+#
+# Every value is a function of (case seed, purpose, counter): a 32-bit integer hash computed on
+# the target device in int32 arithmetic (add and multiply wrap modulo 2**32 on the CPU's vector
+# and scalar units and on CUDA alike; every right shift is masked, so an arithmetic and a logical
+# shift give the same bits), turned into floats by exact or single correctly rounded steps only:
+# an integer below 2**24 to float32, a multiply by a float32 constant, where, compare, one add.
+# No transcendental function and no reduction touches a device tensor, so the CPU and every GPU
+# build the same bits. The few per-case parameters (magnitudes, one direction per KV head) come
+# from the same hashes and are computed on the host in Python floats, then rounded to float32 once.
 
-Regime = Callable[[torch.Generator, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+_MASK32 = 0xFFFFFFFF
+_MULTIPLIERS = (0x7FEB352D, 0x5BD1E995)  # odd, below 2**31 (int32 scalars)
+_COUNTERS = 1 << 32  # counters per stream; a case needs far fewer
+_VALUES, _NOISE = 1, 2  # stream purposes
+_CPU_CHUNK = 1 << 18  # elements per pass on the CPU, where a pass then stays in cache
+_DEVICE_CHUNK = 1 << 25  # elements per pass of the junk fill on a GPU (int32 temporaries of 128 MiB)
+# Four uniform 16-bit integers summed (Irwin-Hall, n = 4): mean 2 * 65535, variance 4 * (2**32 - 1) / 12.
+_FOUR_FIELDS_STD = math.sqrt((2**32 - 1) / 3)
+# Two summed (a triangular distribution, +-2.45 sigma): the junk noise, standard deviation 1e4.
+_TWO_FIELDS_STD = math.sqrt((2**32 - 1) / 6)
 
 
-def _normal(gen: torch.Generator, *shape: int) -> torch.Tensor:
-    return torch.randn(shape, generator=gen, device=gen.device)
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 (nearest even): a device multiply by it is one float32 rounding everywhere."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def _uniform(gen: torch.Generator, low: float, high: float) -> float:
-    return low + (high - low) * float(torch.rand((), generator=gen, device=gen.device))
+_NORMAL_SCALE = _f32(1.0 / _FOUR_FIELDS_STD)
+_NOISE_SCALE = _f32(1e4 / _TWO_FIELDS_STD)
 
 
-def _regime_normal(gen, batch, rows):
-    return _normal(gen, batch, NUM_QO_HEADS, HEAD_DIM), _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM), _normal(
-        gen, rows, NUM_KV_HEADS, HEAD_DIM)
+def _mix_int(x: int) -> int:
+    """A 32-bit integer hash (two xorshift-multiply rounds) of ``x`` in [0, 2**32); a bijection."""
+    x ^= x >> 16
+    x = (x * _MULTIPLIERS[0]) & _MASK32
+    x ^= x >> 15
+    x = (x * _MULTIPLIERS[1]) & _MASK32
+    return x ^ (x >> 16)
 
 
-def _regime_wide(gen, batch, rows):
+def _signed32(x: int) -> int:
+    """The int32 with the bits of ``x`` mod 2**32."""
+    x &= _MASK32
+    return x - (1 << 32) if x >> 31 else x
+
+
+_shr = torch.bitwise_right_shift  # several times faster on CPU than the ``>>`` operator
+
+
+def _mix_(x: torch.Tensor) -> torch.Tensor:
+    """``_mix_int`` in place on an int32 tensor (the same bits): wrapping multiplies, masked shifts."""
+    x.bitwise_xor_(_shr(x, 16).bitwise_and_(0xFFFF)).mul_(_MULTIPLIERS[0])
+    x.bitwise_xor_(_shr(x, 15).bitwise_and_(0x1FFFF)).mul_(_MULTIPLIERS[1])
+    return x.bitwise_xor_(_shr(x, 16).bitwise_and_(0xFFFF))
+
+
+def _key(*words: int) -> int:
+    """A 32-bit stream key from non-negative integers (each taken as two 32-bit halves)."""
+    key = 0x2545F491
+    for word in words:
+        key = _mix_int(key ^ (word & _MASK32))
+        key = _mix_int(key ^ ((word >> 32) & _MASK32))
+    return key
+
+
+def _hashes(key: int, start: int, count: int, device: torch.device) -> torch.Tensor:
+    """int32 [count]: the hash of counter ``key + start + i`` (mod 2**32) for each i, as int32 bits."""
+    counters = torch.arange(count, dtype=torch.int32, device=device)
+    return _mix_(counters.add_(_signed32(key + start)))
+
+
+def _two_fields(hashes: torch.Tensor) -> torch.Tensor:
+    """The two 16-bit halves of each hash summed: integers in [0, 131070]."""
+    return (hashes & 0xFFFF).add_(_shr(hashes, 16).bitwise_and_(0xFFFF))
+
+
+def _four_fields(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """The four 16-bit halves of two hash tensors summed, centred: integers in [-131070, 131070]."""
+    return _two_fields(first).add_(_two_fields(second)).sub_(2 * 0xFFFF)
+
+
+class _Stream:
+    """Counter-based random numbers for one case: every draw takes the next counters of one key.
+
+    The values depend on the key and the order of draws only, never on the device or on
+    how a draw is cut into passes (the CPU works in cache-sized chunks, a GPU in one pass).
+    """
+
+    def __init__(self, key: int, device: torch.device) -> None:
+        self.key, self.device, self.used = key, device, 0
+
+    def _take(self, count: int) -> int:
+        start, self.used = self.used, self.used + count
+        if self.used > _COUNTERS:
+            raise ValueError(f"a case needs {self.used} random counters, more than {_COUNTERS}")
+        return start
+
+    def normals(self, *shapes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        """float32 tensors of ``shapes`` on the device, about standard normal (Irwin-Hall n = 4, within +-3.47).
+
+        Element i of a draw of n is the centred sum of the 16-bit halves of hashes
+        ``start + i`` and ``start + n + i``, times a float32 constant: exact until that one
+        rounding. All shapes are drawn in one pass (one set of launches on a GPU).
+        """
+        sizes = [math.prod(shape) for shape in shapes]
+        count = sum(sizes)
+        start = self._take(2 * count)
+        flat = torch.empty(count, dtype=torch.float32, device=self.device)
+        step = _CPU_CHUNK if self.device.type == "cpu" else max(count, 1)
+        for a in range(0, count, step):
+            n = min(step, count - a)
+            ints = _four_fields(_hashes(self.key, start + a, n, self.device),
+                                _hashes(self.key, start + count + a, n, self.device))
+            flat[a:a + n].copy_(ints).mul_(_NORMAL_SCALE)  # int -> float32 exact (|ints| < 2**24), one rounding
+        return tuple(piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes))
+
+    def normal(self, *shape: int) -> torch.Tensor:
+        return self.normals(shape)[0]
+
+    def below(self, probability: float, *shape: int) -> torch.Tensor:
+        """A bool tensor, each element True with ``probability`` (an integer compare of one hash)."""
+        count = math.prod(shape)
+        threshold = min(max(round(probability * 2**24), 0), 2**24)  # against the top 24 bits
+        hashes = _hashes(self.key, self._take(count), count, self.device)
+        return (_shr(hashes, 8).bitwise_and_(0xFFFFFF) < threshold).view(shape)
+
+    def uniform(self, low: float, high: float) -> float:
+        """A host float in [low, high)."""
+        return low + (high - low) * (_mix_int((self.key + self._take(1)) & _MASK32) / 2**32)
+
+    def directions(self, rows: int) -> list[list[float]]:
+        """``rows`` random unit vectors of HEAD_DIM host floats (exactly rounded sums: the same on every host)."""
+        count = rows * HEAD_DIM
+        start = self._take(2 * count)
+        first, second = (_hashes(self.key, start + offset, count, torch.device("cpu")) for offset in (0, count))
+        flat = [x / _FOUR_FIELDS_STD for x in _four_fields(first, second).tolist()]
+        vectors = [flat[r * HEAD_DIM:(r + 1) * HEAD_DIM] for r in range(rows)]
+        return [[x / math.sqrt(math.fsum(y * y for y in v)) for x in v] for v in vectors]
+
+    def constant(self, rows: list[list[float]], scale: float = 1.0) -> torch.Tensor:
+        """``scale * rows`` as float32 on the device (computed on the host in float64, rounded once)."""
+        return torch.tensor([[scale * x for x in row] for row in rows], dtype=torch.float32).to(self.device)
+
+
+Regime = Callable[[_Stream, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _regime_normal(draw, batch, rows):
+    return draw.normals((batch, NUM_QO_HEADS, HEAD_DIM), (rows, NUM_KV_HEADS, HEAD_DIM), (rows, NUM_KV_HEADS, HEAD_DIM))
+
+
+def _regime_wide(draw, batch, rows):
     """Each tensor at its own magnitude, 1e-3 .. 1e3."""
-    q, k, v = _regime_normal(gen, batch, rows)
-    return tuple(t * 10.0 ** _uniform(gen, -3.0, 3.0) for t in (q, k, v))
+    q, k, v = _regime_normal(draw, batch, rows)
+    return tuple(t * _f32(10.0 ** draw.uniform(-3.0, 3.0)) for t in (q, k, v))
 
 
-def _regime_large_logits(gen, batch, rows):
+def _regime_large_logits(draw, batch, rows):
     """Logits of magnitude 1e3 .. 1e4: softmax nearly one-hot."""
-    q, k, v = _regime_normal(gen, batch, rows)
-    return q * _uniform(gen, 10.0, 40.0), k * _uniform(gen, 10.0, 40.0), v
+    q, k, v = _regime_normal(draw, batch, rows)
+    return q * _f32(draw.uniform(10.0, 40.0)), k * _f32(draw.uniform(10.0, 40.0)), v
 
 
-def _regime_very_negative(gen, batch, rows):
+def _regime_very_negative(draw, batch, rows):
     """Logits near -800 at the default scale (below a -5e4 sentinel from scale 8 up), still spread out."""
-    direction = _normal(gen, HEAD_DIM)
-    direction = direction / direction.norm()
-    k = 30.0 * direction + 0.5 * _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
-    q = -300.0 * direction + 0.5 * _normal(gen, batch, NUM_QO_HEADS, HEAD_DIM)
-    return q, k, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
-
-
-def _regime_peaky(gen, batch, rows):
-    """A few keys (about 1 in 50) carry most of the weight."""
-    q, k, v = _regime_normal(gen, batch, rows)
-    loud = torch.rand(rows, 1, 1, generator=gen, device=gen.device) < 0.02
-    return q, torch.where(loud, 8.0 * k, k), v
-
-
-def _regime_constant_keys(gen, batch, rows):
-    """All keys equal: exact ties, uniform weights."""
-    q, _, v = _regime_normal(gen, batch, rows)
-    k = _normal(gen, 1, NUM_KV_HEADS, HEAD_DIM).expand(rows, -1, -1)
+    direction = draw.directions(1)
+    q_noise, k_noise, v = _regime_normal(draw, batch, rows)
+    k = draw.constant(direction, 30.0)[0] + 0.5 * k_noise
+    q = draw.constant(direction, -300.0)[0] + 0.5 * q_noise
     return q, k, v
 
 
-def _regime_outliers(gen, batch, rows):
+def _regime_peaky(draw, batch, rows):
+    """A few keys (about 1 in 50) carry most of the weight."""
+    q, k, v = _regime_normal(draw, batch, rows)
+    loud = draw.below(0.02, rows, 1, 1)
+    return q, torch.where(loud, 8.0 * k, k), v
+
+
+def _regime_constant_keys(draw, batch, rows):
+    """All keys equal: exact ties, uniform weights."""
+    q, v, k = draw.normals((batch, NUM_QO_HEADS, HEAD_DIM), (rows, NUM_KV_HEADS, HEAD_DIM), (1, NUM_KV_HEADS, HEAD_DIM))
+    return q, k.expand(rows, -1, -1), v
+
+
+# Spike magnitudes, log-uniform over 1 .. 1e3: a table indexed by 10 hash bits (a gather, exact).
+_SPIKES = [_f32(10.0 ** (3.0 * (j + 0.5) / 1024)) for j in range(1024)]
+_SPIKE_THRESHOLD = round(1e-3 * 2**22)  # against the top 22 bits of a hash: probability 1e-3
+
+
+def _regime_outliers(draw, batch, rows):
     """Standard normal with rare entries (0.1%) of magnitude up to 1e3."""
-    q, k, v = _regime_normal(gen, batch, rows)
+    q, k, v = _regime_normal(draw, batch, rows)
+    table = torch.tensor(_SPIKES, dtype=torch.float32).to(draw.device)
 
     def spike(t):
-        where = torch.rand(t.shape, generator=gen, device=gen.device) < 1e-3
-        magnitude = 10.0 ** (3.0 * torch.rand(t.shape, generator=gen, device=gen.device))
-        return torch.where(where, torch.sign(t) * magnitude, t)
+        hashes = _hashes(draw.key, draw._take(t.numel()), t.numel(), draw.device).view(t.shape)
+        rare = _shr(hashes, 10).bitwise_and_(0x3FFFFF) < _SPIKE_THRESHOLD
+        return torch.where(rare, torch.sign(t) * table[hashes & 1023], t)
 
     return spike(q), spike(k), spike(v)
 
 
-def _regime_offset_values(gen, batch, rows):
+def _regime_offset_values(draw, batch, rows):
     """V rows near a large common offset: the output needs well-normalised weights."""
-    q, k, v = _regime_normal(gen, batch, rows)
-    return q, k, 100.0 + 0.1 * v
+    q, k, v = _regime_normal(draw, batch, rows)
+    return q, k, v * _f32(0.1) + 100.0
 
 
 VALUE_REGIMES: dict[str, Regime] = {
@@ -209,50 +350,42 @@ VALUE_REGIMES: dict[str, Regime] = {
 DEFAULT_REGIMES = tuple(VALUE_REGIMES)
 
 
-def _directions(gen: torch.Generator) -> torch.Tensor:
-    """One random unit vector per KV head [4, 128]."""
-    direction = _normal(gen, NUM_KV_HEADS, HEAD_DIM)
-    return direction / direction.norm(dim=-1, keepdim=True)
-
-
-def _along(direction: torch.Tensor, norm: float, noise: torch.Tensor) -> torch.Tensor:
+def _along(draw: _Stream, direction: list[list[float]], norm: float, noise: torch.Tensor) -> torch.Tensor:
     """``norm`` times each row's KV-head direction, plus ``noise`` [n, heads, 128] (query or KV heads)."""
     heads = noise.shape[1]
-    return norm * direction.repeat_interleave(heads // NUM_KV_HEADS, dim=0) + noise
+    return draw.constant(direction, norm).repeat_interleave(heads // NUM_KV_HEADS, dim=0) + noise
 
 
-def _regime_huge_logits(gen, batch, rows):
+def _regime_huge_logits(draw, batch, rows):
     """Logits of magnitude 1e4 .. 1e6 at the default scale, either sign: one-hot softmax."""
-    direction, norm = _directions(gen), 10.0 ** _uniform(gen, 2.5, 3.5)
-    sign = torch.where(torch.rand(rows, NUM_KV_HEADS, 1, generator=gen, device=gen.device) < 0.5, -1.0, 1.0)
-    q = _along(direction, norm, _normal(gen, batch, NUM_QO_HEADS, HEAD_DIM))
-    k = sign * _along(direction, norm, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM))
-    return q, k, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
+    direction, norm = draw.directions(NUM_KV_HEADS), 10.0 ** draw.uniform(2.5, 3.5)
+    sign = torch.where(draw.below(0.5, rows, NUM_KV_HEADS, 1), -1.0, 1.0)
+    q_noise, k_noise, v = _regime_normal(draw, batch, rows)
+    return _along(draw, direction, norm, q_noise), sign * _along(draw, direction, norm, k_noise), v
 
 
-def _regime_beyond_sentinel(gen, batch, rows):
+def _regime_beyond_sentinel(draw, batch, rows):
     """Every logit about -1e4 .. -1e6 at the default scale: below the -5e4 mask sentinel kernels have used."""
-    direction = _directions(gen)
-    q = _along(direction, -_uniform(gen, 300.0, 3000.0), _normal(gen, batch, NUM_QO_HEADS, HEAD_DIM))
-    k = _along(direction, _uniform(gen, 300.0, 3000.0), _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM))
-    return q, k, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
+    direction = draw.directions(NUM_KV_HEADS)
+    q_norm, k_norm = -draw.uniform(300.0, 3000.0), draw.uniform(300.0, 3000.0)
+    q_noise, k_noise, v = _regime_normal(draw, batch, rows)
+    return _along(draw, direction, q_norm, q_noise), _along(draw, direction, k_norm, k_noise), v
 
 
-def _regime_dominant_token(gen, batch, rows):
+def _regime_dominant_token(draw, batch, rows):
     """About one key per sequence lies along its queries, 10 .. 1e4 logits (default scale) above the rest."""
-    direction = _directions(gen)
-    q = _along(direction, 10.0, _normal(gen, batch, NUM_QO_HEADS, HEAD_DIM))
-    loud = torch.rand(rows, 1, 1, generator=gen, device=gen.device) < batch / max(rows, 1)
-    gap = 10.0 ** _uniform(gen, 1.0, 4.0) / (10.0 * DEFAULT_SM_SCALE)
-    k = torch.where(loud, gap * direction, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM))
-    return q, k, _normal(gen, rows, NUM_KV_HEADS, HEAD_DIM)
+    direction = draw.directions(NUM_KV_HEADS)
+    q_noise, k, v = _regime_normal(draw, batch, rows)
+    loud = draw.below(batch / max(rows, 1), rows, 1, 1)
+    gap = 10.0 ** draw.uniform(1.0, 4.0) / (10.0 * DEFAULT_SM_SCALE)
+    return _along(draw, direction, 10.0, q_noise), torch.where(loud, draw.constant(direction, gap), k), v
 
 
-def _regime_exact_ties(gen, batch, rows):
+def _regime_exact_ties(draw, batch, rows):
     """A third of the keys are one loud key, bit for bit: tied top logits, output the mean of their V."""
-    q, k, v = _regime_normal(gen, batch, rows)
-    tied = torch.rand(rows, 1, 1, generator=gen, device=gen.device) < 1.0 / 3.0
-    return q, torch.where(tied, 4.0 * _normal(gen, 1, NUM_KV_HEADS, HEAD_DIM), k), v
+    q, k, v = _regime_normal(draw, batch, rows)
+    tied = draw.below(1.0 / 3.0, rows, 1, 1)
+    return q, torch.where(tied, 4.0 * draw.normal(1, NUM_KV_HEADS, HEAD_DIM), k), v
 
 
 VALUE_REGIMES.update({
@@ -328,13 +461,27 @@ def _place_index(values: torch.Tensor, layout: str, gap: int, device: torch.devi
     return spaced.to(device)[::2]
 
 
+def _fill_noise(storage: torch.Tensor, key: int) -> None:
+    """Noise of standard deviation 1e4 (triangular, one hash per element), written chunk by chunk into bf16.
+
+    Counters wrap at 2**32 elements (a pool of 8M pages repeats its noise once): junk needs no more.
+    """
+    flat = storage.view(-1)  # a fresh, contiguous allocation
+    step = _CPU_CHUNK if storage.device.type == "cpu" else _DEVICE_CHUNK
+    for a in range(0, flat.numel(), step):
+        n = min(step, flat.numel() - a)
+        hashes = _hashes(key, a, n, storage.device)
+        ints = _two_fields(hashes).sub_(0xFFFF)  # exact, |ints| < 2**16
+        flat[a:a + n] = ints.float().mul_(_NOISE_SCALE)  # one float32 rounding, then bf16's (nearest even)
+
+
 def _fill_junk(storage: torch.Tensor, fill: str, seed: int) -> None:
     if fill == "nan":
         storage.fill_(math.nan)
     elif fill == "inf":
         storage.fill_(math.inf)
-    elif fill == "noise":  # in place, in bf16: a huge pool needs no float32 copy
-        storage.normal_(0.0, 1e4, generator=torch.Generator(device=storage.device).manual_seed(seed))
+    elif fill == "noise":  # hashed in chunks straight into bf16: a huge pool needs no float32 copy
+        _fill_noise(storage, _key(seed, _NOISE))
     else:
         raise ValueError(f"unknown pool_fill={fill!r}; expected one of {POOL_FILLS}")
 
@@ -361,11 +508,11 @@ def remove_build_observer(observer: BuildObserver) -> None:
 def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool = True) -> DecodeInputs:
     """Deterministically build the kernel arguments a case describes, on ``device``.
 
-    Page ids come from a CPU generator, so the layout is the same everywhere; q and
-    the referenced K/V rows are drawn by a generator on ``device`` (drawing them on
-    the CPU and copying cost most of a GPU example's time), so a descriptor rebuilds
-    bit-identical tensors on the same kind of device; case files carry the tensors
-    themselves across devices. The pool is allocated and filled with junk on
+    Page ids come from a CPU generator, so the layout is the same everywhere; q, the
+    referenced K/V rows and noise junk are counter-based hashes computed on ``device``
+    with exact integer steps and exactly rounded conversions (see ``_Stream``), so a
+    descriptor rebuilds bit-identical tensors on the CPU and on any GPU, without
+    drawing on the CPU and copying. The pool is allocated and filled with junk on
     ``device``, so a pool of millions of pages costs one fill there. Observers
     (``add_build_observer``) see the result unless ``observe`` is False.
     """
@@ -375,8 +522,8 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
     gen = torch.Generator().manual_seed(case.seed)
     indices, pool_size = page_ids(case, gen)
     referenced = torch.unique(indices)
-    values_gen = torch.Generator(device=device).manual_seed(case.seed)
-    q, k_rows, v_rows = VALUE_REGIMES[case.values](values_gen, case.batch, referenced.numel())
+    draw = _Stream(_key(case.seed, _VALUES), device)
+    q, k_rows, v_rows = VALUE_REGIMES[case.values](draw, case.batch, referenced.numel())
     k_cache, v_cache, storages = _kv_pool(case.kv_layout, pool_size, device)
     for offset, storage in enumerate(storages):
         _fill_junk(storage, case.pool_fill, case.seed + offset)

@@ -73,20 +73,23 @@ def _largest_logit(terms: SoftmaxTerms, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, terms.logits.abs(), 0.0).amax(dim=-1, keepdim=True)
 
 
-def _token_logit_error(terms: SoftmaxTerms, valid: torch.Tensor) -> torch.Tensor:
-    """§2 Bound on |log(p_hat / p)| for each exp(s_l - m_block) as computed, natural-log units ([b, g, j, L])."""
+def _token_logit_error(terms: SoftmaxTerms, valid: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
+    """§2 Bound on |log(p_hat / p)| for each exp(s_l - m_block) as computed, natural-log units ([b, g, j, L]).
+
+    ``largest`` is ``_largest_logit(terms, valid)``.
+    """
     logits = torch.where(valid, terms.logits, 0.0)
     error = (
         (DOT_GAMMA + 2 * U32) * terms.logit_magnitude  # dot product, then the scale
-        + 4 * U32 * (logits.abs() + _largest_logit(terms, valid))  # forming (s - m_block) * log2(e)
+        + 4 * U32 * (logits.abs() + largest)  # forming (s - m_block) * log2(e)
         + EXP_REL  # exp2 itself
     )
     return torch.where(valid, error, 0.0)
 
 
-def _rescale_error(terms: SoftmaxTerms, valid: torch.Tensor) -> torch.Tensor:
+def _rescale_error(rescales: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
     """§2 Bound on the error all later running-max rescales add to one token, natural-log units ([b, g, j, 1])."""
-    return EXP_REL * _rescales(terms)[:, None, None, None] + 8 * U32 * _largest_logit(terms, valid)
+    return EXP_REL * rescales[:, None, None, None] + 8 * U32 * largest
 
 
 def near_tie_counts(weights: torch.Tensor, token_error: torch.Tensor) -> torch.Tensor:
@@ -103,23 +106,28 @@ def near_tie_counts(weights: torch.Tensor, token_error: torch.Tensor) -> torch.T
     return (above - below).reshape(key.shape).double()
 
 
-def _value_extremes(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
+def _value_extremes(terms: SoftmaxTerms, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Largest and smallest V entry over each sequence's tokens, [b, g, 1, d] each (0 for empty sequences)."""
-    valid = _token_mask(terms)[:, 0, 0, :, None, None]  # [b, L, 1, 1]
+    valid = valid[:, 0, 0, :, None, None]  # [b, L, 1, 1]
     high = torch.where(valid, terms.values, -math.inf).amax(1)[:, :, None, :]
     low = torch.where(valid, terms.values, math.inf).amin(1)[:, :, None, :]
     empty = (terms.lengths == 0)[:, None, None, None]
     return torch.where(empty, 0.0, high), torch.where(empty, 0.0, low)
 
 
-def _weighted_deviation(coefficients: torch.Tensor, values: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    """sum_l a[b,g,j,l] |v[b,l,g,d] - o[b,g,j,d]|, one query head per group at a time to bound memory."""
-    by_group = values.permute(0, 2, 1, 3)  # [b, g, L, d]
-    per_head = [
-        torch.einsum("bgl,bgld->bgd", coefficients[:, :, head], (by_group - output[:, :, head, None, :]).abs())
-        for head in range(output.shape[2])
-    ]
-    return torch.stack(per_head, dim=2)
+# float64 elements of |v - o| formed at once in _weighted_deviation: 2**25 (256 MiB).
+_DEVIATION_ELEMENTS = 1 << 25
+
+
+def _weighted_deviation(coefficients: torch.Tensor, by_group: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """sum_l a[b,g,j,l] |v[b,g,l,d] - o[b,g,j,d]| ([b, g, j, d]), as many query heads at a time as fit the budget."""
+    heads = output.shape[2]
+    step = max(1, min(heads, _DEVIATION_ELEMENTS // max(by_group.numel(), 1)))
+    parts = []
+    for head in range(0, heads, step):
+        deviation = (by_group[:, :, None] - output[:, :, head:head + step, None, :]).abs_()  # [b, g, s, L, d]
+        parts.append(torch.matmul(coefficients[:, :, head:head + step, None, :], deviation)[..., 0, :])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,31 +138,33 @@ def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
     valid = _token_mask(terms)
     nonempty = terms.lengths > 0
     w, v, o = terms.weights, terms.values, terms.output
+    v_by_group = v.permute(0, 2, 1, 3)  # [b, g, L, d]: the right operand of batched matmuls
+    largest, rescales = _largest_logit(terms, valid), _rescales(terms)
 
     # §2 Logit errors: per token, then with every later running-max rescale.
-    token_error = _token_logit_error(terms, valid)
-    error = torch.where(valid, token_error + _rescale_error(terms, valid), 0.0)
+    token_error = _token_logit_error(terms, valid, largest)
+    error = torch.where(valid, token_error + _rescale_error(rescales, largest), 0.0)
 
     # §3 Weight perturbation: w_hat_l / w_l lies within exp(+-D_l), D_l = E_l + A.
     spread = torch.logsumexp(torch.where(w > 0, w.log() + error, -math.inf), dim=-1, keepdim=True)
     spread = torch.where(torch.isfinite(spread), spread, 0.0)  # A; 0 for empty sequences
     weight_error = (error + spread).clamp(max=MAX_LOG_ERROR)  # D
-    high, low = _value_extremes(terms)
+    high, low = _value_extremes(terms, valid)
     logit_term = torch.minimum(
-        _weighted_deviation(w * torch.expm1(weight_error), v, o), torch.maximum(high - o, o - low)
+        _weighted_deviation(w * torch.expm1(weight_error), v_by_group, o), torch.maximum(high - o, o - low)
     )
 
     # §4 P rounded to bf16 before P.V, against an unrounded normaliser.
     w_hat = torch.minimum(w * weight_error.exp(), torch.ones_like(w))
     largest_v = torch.maximum(high.abs(), low.abs())
-    abs_weighted_v = torch.minimum(torch.einsum("bgjl,blgd->bgjd", w_hat, v.abs()), largest_v)
+    abs_weighted_v = torch.minimum(torch.matmul(w_hat, v_by_group.abs()), largest_v)
     worst_case = U_BF16 * abs_weighted_v
     ties = near_tie_counts(w, token_error)
-    independent = HOEFFDING_LAMBDA * U_BF16 * torch.einsum("bgjl,blgd->bgjd", ties * w_hat**2, v**2).sqrt()
+    independent = HOEFFDING_LAMBDA * U_BF16 * torch.matmul(ties * w_hat**2, v_by_group**2).sqrt()
     p_rounding_term = torch.minimum(worst_case, independent)
 
     # §5 float32 sums of numerator and denominator, any order and blocking, then one division.
-    steps = gamma(terms.lengths.double() - 1 + _rescales(terms) + 4, U_ACC)[:, None, None, None]
+    steps = gamma(terms.lengths.double() - 1 + rescales + 4, U_ACC)[:, None, None, None]
     numerator_term = steps * (1 + U_BF16) * abs_weighted_v
     quotient = o.abs() + logit_term + p_rounding_term + numerator_term
     denominator_term = quotient * steps / (1 - steps)
@@ -169,7 +179,7 @@ def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
 
     # §8 LSE, base 2: logit errors, the accumulated normaliser, forming m log2(e) + log2(l).
     natural = spread[..., 0] - torch.log1p(-steps[..., 0].clamp(max=1.0))
-    peak = _largest_logit(terms, valid)[..., 0]
+    peak = largest[..., 0]
     log2_sum = torch.log2(terms.lengths.clamp(min=1).double())[:, None, None] + 1
     forming = 4 * U32 * (peak / math.log(2.0) + terms.lse_natural.abs() / math.log(2.0) + log2_sum) + LOG2_ABS
     lse_bound = natural / math.log(2.0) + forming

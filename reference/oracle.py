@@ -14,6 +14,7 @@ pool of millions of pages costs nothing extra.
 from __future__ import annotations
 
 import math
+import struct
 from typing import NamedTuple
 
 import torch
@@ -44,20 +45,23 @@ class Reference(NamedTuple):
 def float32_scale(sm_scale: float | None) -> float:
     """The softmax scale as the contract passes it: float32, default 1/sqrt(128)."""
     scale = DEFAULT_SM_SCALE if sm_scale is None else float(sm_scale)
-    return float(torch.tensor(scale, dtype=torch.float32))
+    try:
+        return struct.unpack("f", struct.pack("f", scale))[0]  # nearest even, on the host: no tensor, no sync
+    except OverflowError:  # beyond float32's range: infinite, as a float32 tensor rounds it
+        return math.copysign(math.inf, scale)
 
 
-def _chunks(lengths: list[int]) -> list[tuple[int, int]]:
-    """Split sequences into [start, end) runs whose padded K block fits the budget."""
+def _chunks(lengths: list[int]) -> list[tuple[int, int, int]]:
+    """Split sequences into [start, end) runs whose padded K block fits the budget, with each run's longest length."""
     per_token = NUM_KV_HEADS * HEAD_DIM
     runs, start, longest = [], 0, 0
     for end, length in enumerate(lengths):
         longest_with = max(longest, length)
         if end > start and (end + 1 - start) * longest_with * per_token > _CHUNK_ELEMENTS:
-            runs.append((start, end))
+            runs.append((start, end, longest))
             start, longest_with = end, length
         longest = longest_with
-    runs.append((start, len(lengths)))
+    runs.append((start, len(lengths), longest))
     return runs
 
 
@@ -68,10 +72,10 @@ def _gather(cache: torch.Tensor, pages: torch.Tensor, valid: torch.Tensor) -> to
     return torch.where(valid[:, :, None, None], cache[pages, 0].double(), 0.0)
 
 
-def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale) -> Reference:
-    """Oracle for one run of sequences; ``starts``/``lengths`` are int64 on q's device."""
+def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, longest) -> Reference:
+    """Oracle for one run of sequences; ``starts``/``lengths`` are int64 on q's device, ``longest`` their maximum."""
     count = lengths.shape[0]
-    longest = max(int(lengths.max()) if count else 0, 1)  # one masked column keeps reductions non-empty
+    longest = max(longest, 1)  # one masked column keeps reductions non-empty (known on the host: no sync)
     token = torch.arange(longest, device=q.device)
     valid = token[None, :] < lengths[:, None]  # [b, L]
     position = torch.where(valid, starts[:, None] + token[None, :], 0)
@@ -82,13 +86,14 @@ def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale) -> Re
     queries = q.double().view(count, NUM_KV_HEADS, GROUP, HEAD_DIM)
 
     mask = valid[:, None, None, :]  # [b, 1, 1, L]
-    logits = torch.where(mask, scale * torch.einsum("bgjd,blgd->bgjl", queries, keys), -math.inf)
+    keys_by_group = keys.permute(0, 2, 3, 1)  # [b, g, d, L]: one batched matmul per product below
+    logits = torch.where(mask, scale * torch.matmul(queries, keys_by_group), -math.inf)
     lse_natural = torch.logsumexp(logits, dim=-1)  # -inf for empty sequences
     empty = (lengths == 0)[:, None, None]
     weights = torch.where(mask & ~empty[..., None], torch.exp(logits - lse_natural[..., None]), 0.0)
-    output = torch.einsum("bgjl,blgd->bgjd", weights, values)
+    output = torch.matmul(weights, values.permute(0, 2, 1, 3))  # [b, g, j, L] @ [b, g, L, d]
 
-    logit_magnitude = torch.where(mask, abs(scale) * torch.einsum("bgjd,blgd->bgjl", queries.abs(), keys.abs()), 0.0)
+    logit_magnitude = torch.where(mask, abs(scale) * torch.matmul(queries.abs(), keys_by_group.abs()), 0.0)
     terms = SoftmaxTerms(
         logits=logits, weights=weights, values=values, output=output,
         logit_magnitude=logit_magnitude, lse_natural=lse_natural, lengths=lengths,
@@ -119,8 +124,10 @@ def attend(
     scale = float32_scale(sm_scale)
     indptr = kv_indptr.long()
     lengths_all = indptr[1:] - indptr[:-1]
-    parts = [
-        _attend_chunk(q[a:b], k_cache, v_cache, indptr[a:b], lengths_all[a:b], kv_indices, scale)
-        for a, b in _chunks(lengths_all.tolist())
+    parts = [  # the one host sync: the lengths, for chunking and padding
+        _attend_chunk(q[a:b], k_cache, v_cache, indptr[a:b], lengths_all[a:b], kv_indices, scale, longest)
+        for a, b, longest in _chunks(lengths_all.tolist())
     ]
+    if len(parts) == 1:
+        return parts[0]
     return Reference(*(torch.cat(field) for field in zip(*parts)))

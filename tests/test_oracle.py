@@ -108,3 +108,12 @@ def test_chunking_gives_the_same_answer(monkeypatch):
 @pytest.mark.parametrize("scale, expected", [(None, 1 / math.sqrt(128)), (0.1, 0.1)])
 def test_scale_is_rounded_to_float32(scale, expected):
     assert float32_scale(scale) == float(torch.tensor(expected, dtype=torch.float32))
+
+
+def test_bound_is_the_same_one_head_or_all_heads_at_a_time(monkeypatch):
+    import reference.bound as bound
+
+    inputs = build(DecodeCase(lengths=(5, 0, 33, 17), values="outliers", seed=4))
+    whole = attend(*inputs)
+    monkeypatch.setattr(bound, "_DEVIATION_ELEMENTS", 1)  # one query head per pass
+    torch.testing.assert_close(attend(*inputs), whole, rtol=1e-12, atol=1e-15)
