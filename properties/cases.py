@@ -286,7 +286,8 @@ def _regime_wide(draw, batch, rows):
 
 
 def _regime_large_logits(draw, batch, rows):
-    """Logits of magnitude 1e3 .. 1e4: softmax nearly one-hot."""
+    """Logits of typical magnitude 1e2 .. 1.6e3 at the default scale (q and k each scaled 10 .. 40x): softmax
+    nearly one-hot."""
     q, k, v = _regime_normal(draw, batch, rows)
     return q * _f32(draw.uniform(10.0, 40.0)), k * _f32(draw.uniform(10.0, 40.0)), v
 
