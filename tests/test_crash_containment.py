@@ -71,3 +71,13 @@ def test_healthy_kernel_runs_both_cases(tmp_path):
                         "--hypothesis-profile=ci", "-n", "0", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (tmp_path / "failures").exists()
+
+
+def test_an_error_raised_after_the_fault_does_not_replace_it(tmp_path):
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest("tests/containment_cleanup_cases.py", IMPL, "--device=cpu", "--hypothesis-profile=ci",
+                        "-n", "0", env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "1 failed" in result.stdout and "passed" not in result.stdout.splitlines()[-1], result.stdout
+    assert "CudaContextLost" in result.stdout and "Failing explicit example" not in result.stdout, result.stdout
+    _assert_the_faulting_example_was_saved(tmp_path)

@@ -60,6 +60,8 @@ class Guard:
 
     def contain(self, error: BaseException) -> None:
         """Save the faulting example, then exit the worker or raise ``CudaContextLost``."""
+        if self.lost is not None:  # saved already: later errors are echoes of the same fault
+            raise CudaContextLost(self.lost) from error
         message = f"{type(error).__name__}: {error}"
         try:
             path = self.save(message)
@@ -91,6 +93,24 @@ class Guard:
             return result
 
         return guarded_impl
+
+    def shielding(self, example: Callable) -> Callable:
+        """``example`` (one Hypothesis example of a test) that, once the context is lost, raises only
+        ``CudaContextLost``: before running (no example runs in a dead context) and instead of whatever
+        ordinary exception a cleanup raised after the fault (which Hypothesis would shrink)."""
+
+        @functools.wraps(example)
+        def shielded(*args, **kwargs):
+            if self.lost is not None:
+                raise CudaContextLost(self.lost)
+            try:
+                return example(*args, **kwargs)
+            except Exception as error:
+                if self.lost is not None:
+                    raise CudaContextLost(self.lost) from error
+                raise
+
+        return shielded
 
     def check_context(self) -> None:
         """After a test: a sticky error still pending on the device is charged to that test."""

@@ -310,12 +310,15 @@ class SuiteRun:
 
     @pytest.hookimpl(hookwrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item):
-        callspec = getattr(item, "callspec", None)
-        if callspec is None or "hypothesis_shard" not in callspec.params:
+        if not shards.is_hypothesis_test(getattr(item, "obj", None)):
             yield
             return
-        shards.share_database_key(item)
-        with self.claims.watching(item):
+        callspec = getattr(item, "callspec", None)
+        sharded = callspec is not None and "hypothesis_shard" in callspec.params
+        if sharded:
+            shards.share_database_key(item)
+        with self.claims.watching(item) if sharded else contextlib.nullcontext(), \
+                shards.wrapping_examples(item, self.guard.shielding):
             yield
 
     # ---- one test ------------------------------------------------------------------------------

@@ -179,37 +179,45 @@ class FailureClaims:
         except FileNotFoundError:
             return None
 
-    @contextlib.contextmanager
-    def watching(self, item: pytest.Item) -> Iterator[None]:
+    def watching(self, item: pytest.Item) -> contextlib.AbstractContextManager:
         """Run ``item`` (a sharded property) so that it claims its property at its first failure, and stops
         drawing examples, as skipped, once a sibling shard has claimed it."""
-        hypothesis_handle = item.obj.hypothesis
-        inner = hypothesis_handle.inner_test
         prop, nodeid = property_name(item.nodeid), item.nodeid
 
-        @functools.wraps(inner)
-        def watched(*args, **kwargs):
-            owner = self.owner(prop)
-            if owner is not None and owner != nodeid:
-                pytest.skip(f"stopped: {owner} failed first and reports this property")
-            try:
-                return inner(*args, **kwargs)
-            except HypothesisException:
-                raise  # assume(), unsatisfiable draws: not a failure
-            except Exception:
-                if self.owner(prop) is None:
-                    self.claim(prop, nodeid)
-                if self.owner(prop) != nodeid:
-                    pytest.skip(f"stopped: failed too, but {self.owner(prop)} failed first and reports this property")
-                raise
+        def watch(inner):
+            @functools.wraps(inner)
+            def watched(*args, **kwargs):
+                owner = self.owner(prop)
+                if owner is not None and owner != nodeid:
+                    pytest.skip(f"stopped: {owner} failed first and reports this property")
+                try:
+                    return inner(*args, **kwargs)
+                except HypothesisException:
+                    raise  # assume(), unsatisfiable draws: not a failure
+                except Exception:
+                    if self.owner(prop) is None:
+                        self.claim(prop, nodeid)
+                    if self.owner(prop) != nodeid:
+                        pytest.skip(f"stopped: failed too, but {self.owner(prop)} failed first and reports "
+                                    "this property")
+                    raise
 
-        hypothesis_handle.inner_test = watched
-        try:
-            yield
-        finally:
-            hypothesis_handle.inner_test = inner
+            return watched
+
+        return wrapping_examples(item, watch)
 
 
+@contextlib.contextmanager
+def wrapping_examples(item: pytest.Item, wrap) -> Iterator[None]:
+    """Run each Hypothesis example of ``item`` through ``wrap(example)`` (Hypothesis's documented hook,
+    ``.hypothesis.inner_test``), restoring it afterwards."""
+    handle = item.obj.hypothesis
+    inner = handle.inner_test
+    handle.inner_test = wrap(inner)
+    try:
+        yield
+    finally:
+        handle.inner_test = inner
 
 
 def running_example() -> object | None:
