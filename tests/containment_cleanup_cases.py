@@ -18,9 +18,8 @@ SMALL = SizeLimits(max_batch=3, max_len=12, max_spare_pages=4)
 def test_kernel_faults_and_cleanup_raises(impl, device, case):
     try:
         impl(*build(case, device))
-    finally:
-        if case.batch >= 2 and min(case.lengths) >= 3:  # the simulated fault's inputs
-            raise RuntimeError("cleanup failed: the allocator cannot release memory")
+    except BaseException:  # as torch.cuda.empty_cache() in a cleanup fails on a poisoned context
+        raise RuntimeError("cleanup failed: the allocator cannot release memory") from None
 
 
 @settings(max_examples=5)
