@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.corpus import MUTANTS, SuiteRun, by_name, run_suite  # noqa: E402
 
-COLUMNS = ("mutant", "class", "verdict", "killed by", "examples to 1st failure", "wall s", "cpu s", "batch", "longest")
+COLUMNS = ("mutant", "class", "tier", "verdict", "killed by", "examples to 1st failure", "wall s", "cpu s", "batch",
+           "longest")
 
 
 def _property_name(node_id: str) -> str:
@@ -40,7 +41,7 @@ def _cell(value) -> str:
 def row(run: SuiteRun) -> tuple[str, ...]:
     """One table row for one suite run."""
     return (
-        _cell(run.mutant.name), _cell(run.mutant.defect_class), run.verdict,
+        _cell(run.mutant.name), _cell(run.mutant.defect_class), run.mutant.contract, run.verdict,
         _property_name(run.failed[0]) if run.failed else "-", _cell(run.examples_to_failure),
         f"{run.seconds:.1f}", _cell(run.cpu_seconds), _cell(run.batch), _cell(run.longest),
     )
@@ -67,9 +68,9 @@ def findings(runs: list[SuiteRun], max_batch: int) -> list[str]:
 
 def corpus_listing() -> str:
     """The corpus as a markdown table: name, class, where it is killed, rationale."""
-    lines = ["| mutant | class | killed on | rationale |", "|---|---|---|---|"]
-    lines += [f"| {m.name} | {m.defect_class} | {'GPU' if m.gpu_only else 'CPU'} | {_cell(m.rationale)} |"
-              for m in MUTANTS]
+    lines = ["| mutant | class | tier | killed on | rationale |", "|---|---|---|---|---|"]
+    lines += [f"| {m.name} | {m.defect_class} | {m.contract} | {'GPU' if m.gpu_only else 'CPU'} | "
+              f"{_cell(m.rationale)} |" for m in MUTANTS]
     return "\n".join(lines)
 
 

@@ -40,6 +40,8 @@ class Mutant:
     gpu_only: its defect is out of the CPU suite's reach; killed on a GPU only.
     first: a property file to run before the rest of the suite. Speed only: the whole
         suite still runs until its first failure, so this credits no kill by itself.
+    contract: the tier it is judged under: ``correct`` (the default for any --impl), or ``strict``
+        where the defect breaks only a promise of this kernel's, not the contract.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Mutant:
     file: str | None = None
     gpu_only: bool = False
     first: str | None = None
+    contract: str = "correct"
 
     def __post_init__(self):
         if bool(self.patches) == bool(self.file):
@@ -187,7 +190,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("nan_scale_accepted", "bad input", "tests sm_scale with isinf where isfinite is needed: NaN gets through",
            (Patch(LAUNCH, "if not math.isfinite(sm_scale):", "if math.isinf(sm_scale):"),
             Patch(LAUNCH, "if not math.isfinite(float(torch.tensor(float(sm_scale), dtype=torch.float32))):",
-                  "if math.isinf(float(torch.tensor(float(sm_scale), dtype=torch.float32))):"))),
+                  "if math.isinf(float(torch.tensor(float(sm_scale), dtype=torch.float32))):")),
+           # The contract leaves a NaN scale to policy (refuse or compute); this kernel promises a ValueError.
+           contract="strict"),
     # ---- GPU only ----
     Mutant("page_offset_int32", "int32 offsets",
            "page_id * page_stride in int32: wraps once page ids reach 2**22 (pools of >= 4.2M pages)",

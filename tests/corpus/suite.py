@@ -72,6 +72,7 @@ def suite_command(mutant: Mutant, impl_spec: str, workdir: Path, *, device: str 
     command = [
         sys.executable, "-m", "pytest", "properties", "-p", "no:cacheprovider", "-p", "tests.corpus.plugin",
         "-n0", "-x", "-q", "--hypothesis-profile=ci", f"--device={device}", f"--impl={impl_spec}",
+        f"--contract={mutant.contract}",
         f"--failures-dir={Path(workdir) / ('failures-' + mutant.name)}", "--run-report=none",
     ]
     if mutant.first:
