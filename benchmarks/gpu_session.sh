@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU checks behind docs/gpu.md and docs/findings.md, in batches that fit a 10-minute command:
+#   bash benchmarks/gpu_session.sh suite     # builder bits CPU==CUDA, our kernel (strict), SGLang, stage times
+#   bash benchmarks/gpu_session.sh panel     # the correct panel, >= 10,000 examples each (correct tier)
+#   bash benchmarks/gpu_session.sh faults    # the verbatim seed on every worker, a faulting kernel under -n0
+# Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
+# take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PYTEST=(python3 -m pytest -p no:cacheprovider)
+
+step() {  # step NAME SECONDS COMMAND...: run, keep the last lines, record the exit status and wall time
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local status=$?
+  echo "== $name: exit $status in $((SECONDS - start)) s: $*" | tee -a "$OUT/summary.txt"
+  tail -n 25 "$OUT/$name.log" | cut -c1-300 >>"$OUT/summary.txt"
+}
+
+watch_resources() {  # peak host RAM in use and failures/ size, every 2 s, until killed
+  local peak=0 used
+  while sleep 2; do
+    used=$(free -m | awk '/^Mem:/ {print $3}')
+    [ "$used" -gt "$peak" ] && peak=$used
+    echo "peak_ram_mb=$peak failures=$(du -sm failures 2>/dev/null | cut -f1)MB" >"$OUT/resources.txt"
+  done
+}
+
+case "${1:-suite}" in
+suite)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  python3 -c 'import torch, triton, hypothesis; print("torch", torch.__version__, "triton", triton.__version__,
+              "hypothesis", hypothesis.__version__)' | tee -a "$OUT/summary.txt"
+  step builder_bits 150 "${PYTEST[@]}" tests/test_builder.py -m gpu -n 0 -q --run-report=none
+  step ours_strict 240 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 --hypothesis-profile=gpu
+  step sglang_as_served 300 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 --hypothesis-profile=gpu \
+    --impl=adapters/sglang_decode.py:run_as_served
+  step sglang_whole_contract 120 "${PYTEST[@]}" properties/test_decode.py properties/test_edge_shapes.py \
+    -n auto --workers-per-gpu=4 --hypothesis-profile=gpu --impl=adapters/sglang_decode.py:run
+  ;;
+panel)
+  : >"$OUT/summary.txt"
+  for impl in tests/impls/panel_*.py; do
+    step "panel_$(basename "$impl" .py)" 140 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 \
+      --hypothesis-profile=gpu --contract=correct --max-examples=700 "--impl=$impl:run"
+  done
+  ;;
+faults)
+  : >"$OUT/summary.txt"
+  rm -rf failures reports  # this run's case files only
+  watch_resources &
+  watcher=$!
+  step seed_all_workers 420 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 --hypothesis-profile=gpu \
+    --impl=tests/corpus/seed_original.py:run
+  kill "$watcher"
+  cat "$OUT/resources.txt" >>"$OUT/summary.txt"
+  ls -l failures/*.pt 2>/dev/null | awk '{print $5, $9}' | sort -n | tail -n 40 >>"$OUT/summary.txt"
+  step faulting_no_xdist 150 "${PYTEST[@]}" properties -n 0 --hypothesis-profile=gpu \
+    --impl=tests/impls/out_of_bounds_kernel.py:run
+  tar czf "$OUT/failures.tgz" failures
+  ;;
+*)
+  echo "usage: $0 suite|panel|faults" >&2
+  exit 2
+  ;;
+esac
