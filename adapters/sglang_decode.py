@@ -148,8 +148,9 @@ def _load_by_path(root: str, dotted: str, path: str):
         sys.modules[dotted] = module
         spec.loader.exec_module(module)
     finally:
-        for name in set(sys.modules) - before:
-            del sys.modules[name]
+        for name in set(sys.modules) - before:  # SGLang's modules only: triton, if first imported here, stays
+            if name == "sglang" or name.startswith("sglang."):
+                del sys.modules[name]
         for name in temporary:
             sys.modules.pop(name, None)
         sys.modules.update(saved)

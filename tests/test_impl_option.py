@@ -52,3 +52,21 @@ def test_bad_impl_spec_is_a_usage_error():
     result = run_suite("--impl", "kernel:no_such_function")
     assert result.returncode == 4
     assert "has no callable" in result.stderr
+
+
+def test_declared_knobs_are_drawn_per_example_and_explicit_examples_use_the_default(tmp_path):
+    seen = tmp_path / "seen.txt"
+    (tmp_path / "with_knobs.py").write_text(
+        "from tests.impls.torch_float32 import run as correct\n"
+        "def run(*args, flavour):\n"
+        f"    with open({str(seen)!r}, 'a') as log:\n"
+        "        log.write(flavour + '\\n')\n"
+        "    return correct(*args)\n"
+        "run.knobs = {'flavour': ('plain', 'spiced')}\n"
+    )
+    result = run_suite("properties/test_edge_shapes.py::test_batch_zero_gives_empty_results",
+                       f"--impl={tmp_path / 'with_knobs.py'}:run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "declares knobs flavour" in result.stdout
+    drawn = seen.read_text().split()
+    assert drawn[0] == "plain" and set(drawn) == {"plain", "spiced"}, drawn  # the @example first, at the default

@@ -480,7 +480,7 @@ def cuda_context_check(pytestconfig: pytest.Config):
     _suite_run(pytestconfig).guard.check_context()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # stateless, and Hypothesis refuses function-scoped fixtures
 def large_allocation():
     """A context for one example that allocates a large share of GPU memory (huge page pools): waits for
     this GPU's turn among the workers sharing it, then frees the cached memory for the next worker."""

@@ -221,13 +221,15 @@ def wrapping_examples(item: pytest.Item, wrap) -> Iterator[None]:
 
 
 def running_example() -> object | None:
-    """The running Hypothesis example's build context, or None outside one."""
+    """The running Hypothesis example's build context, or None outside one and in an explicit ``@example``
+    (whose data holds no choices: a draw there would overrun)."""
     from hypothesis.control import current_build_context
 
     try:
-        return current_build_context()
+        context = current_build_context()
     except Exception:  # noqa: BLE001 - outside a Hypothesis test
         return None
+    return None if getattr(context.data, "max_choices", None) == 0 else context
 
 
 def draw_in(example: object, strategy, label: str):
