@@ -43,11 +43,16 @@ suite)
     -n auto --workers-per-gpu=4 --hypothesis-profile=gpu --impl=adapters/sglang_decode.py:run
   ;;
 panel)
+  # The four panel runs at once, four workers per GPU each: 32 workers on a 32-core, 2-GPU host.
   : >"$OUT/summary.txt"
   for impl in tests/impls/panel_*.py; do
-    step "panel_$(basename "$impl" .py)" 140 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 \
-      --hypothesis-profile=gpu --contract=correct --max-examples=700 "--impl=$impl:run"
+    step "panel_$(basename "$impl" .py)" 330 "${PYTEST[@]}" properties -n auto --workers-per-gpu=4 \
+      --hypothesis-profile=gpu --contract=correct --max-examples=700 --failures-dir="failures-$(basename "$impl" .py)" \
+      --run-report="reports-$(basename "$impl" .py)" "--impl=$impl:run" &
   done
+  wait
+  step sglang_as_served_more 240 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 --hypothesis-profile=gpu \
+    --max-examples=1500 --impl=adapters/sglang_decode.py:run_as_served
   ;;
 faults)
   : >"$OUT/summary.txt"

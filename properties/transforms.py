@@ -33,6 +33,11 @@ def single_sequence(inputs: DecodeInputs, seq: int) -> DecodeInputs:
     )
 
 
+def result_rows(output: torch.Tensor, lse: torch.Tensor | None, rows: slice) -> tuple:
+    """The result for a run of sequences (lse stays None for an implementation that returns none)."""
+    return output[rows], None if lse is None else lse[rows]
+
+
 def reference_rows(reference: Reference, rows: slice) -> Reference:
     """The oracle's answer for a run of sequences (the oracle treats each sequence on its own)."""
     return Reference(*(field[rows] for field in reference))

@@ -84,3 +84,13 @@ def test_an_error_raised_after_the_fault_does_not_replace_it(tmp_path):
     raised = [line for line in result.stdout.splitlines() if re.match(r"E\s+[\w.]+(Error|Lost):", line)]
     assert "CudaContextLost" in raised[-1], result.stdout  # what the test finally raised: the lost context
     _assert_the_faulting_example_was_saved(tmp_path)
+
+
+def test_shards_of_a_crashing_property_give_one_report(tmp_path):
+    result = _run(tmp_path, "-n", "2", "--shards=2", "-rfs")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 1 and "test_first_kernel_faults" in failed[0], output
+    assert "test_second_runs_in_a_healthy_process" not in " ".join(failed)
+    _assert_the_faulting_example_was_saved(tmp_path)

@@ -53,7 +53,7 @@ class Guard:
     """Contains sticky CUDA errors: ``save(message)`` writes the case file and returns its path, then the
     worker exits (``in_worker``) or ``CudaContextLost`` is raised. One straight line, no callbacks up."""
 
-    def __init__(self, device: torch.device, *, save: Callable[[str], Path], nodeid: Callable[[], str | None],
+    def __init__(self, device: torch.device, *, save: Callable[[str], Path | None], nodeid: Callable[[], str | None],
                  in_worker: bool, replay: Callable[[Path], str]) -> None:
         self.device, self.save, self.nodeid, self.in_worker, self.replay = device, save, nodeid, in_worker, replay
         self.lost: str | None = None  # set once the context is lost: whatever a test raises after that is this
@@ -65,7 +65,8 @@ class Guard:
         message = f"{type(error).__name__}: {error}"
         try:
             path = self.save(message)
-            note = f"case file {path}\nreplay: {self.replay(path)}"
+            note = (f"case file {path}\nreplay: {self.replay(path)}" if path is not None
+                    else "no case file: a sibling shard faulted first and reports this property")
         except Exception as save_error:  # noqa: BLE001 - the exit must happen even if saving fails
             note = f"could not save a case file: {save_error!r}"
         text = f"\ngqa-decode: sticky CUDA error in {self.nodeid()}: {message}\n{note}\n"

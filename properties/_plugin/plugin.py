@@ -377,12 +377,16 @@ class SuiteRun:
             device_readable=device_readable,
         )
 
-    def _save_after_fault(self, error: str) -> Path:
+    def _save_after_fault(self, error: str) -> Path | None:
+        """The crashing shard claims its property (its siblings stop instead of crashing too) and saves the
+        case; None when a sibling crashed first and reports it."""
+        nodeid = self.recorder.nodeid or ""
+        prop = shards.property_name(nodeid)
+        if not self.claims.claim(prop, nodeid) and self.claims.owner(prop) != nodeid:
+            return None
         path = self._save_case(error, device_readable=False)
         if path is None:
             raise RuntimeError(self._budget_note())
-        prop = shards.property_name(self.recorder.nodeid or "")
-        self.claims.claim(prop, self.recorder.nodeid or "")  # siblings of a crashing shard stop, not crash too
         return path
 
     def _gpu(self) -> str | None:
@@ -393,16 +397,28 @@ class SuiteRun:
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
         """A worker died running ``crashitem``: add the case file it saved, if any, to the crash report."""
+        owner = self.claims.owner(shards.property_name(crashitem))
+        if owner is not None and owner != crashitem:  # a sibling shard crashed first: it reports the property
+            report.outcome = "skipped"
+            report.longrepr = (str(crashitem), 0, f"Skipped: stopped: crashed too, but {owner} crashed first and "
+                                                  "reports this property")
+            self._report_crash(crashitem, "stopped")
+            return
         saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.run_id)
                  if entry["nodeid"] == crashitem]
         for entry in saved:
             report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
                                f"replay: {casefiles.replay_command(entry['path'])}")
-        if self.state.report_dir is not None:
-            run_report.begin(crashitem)
-            run_report.flush(self.state.report_dir, "controller", 0.0, outcome="crashed", tier=self.state.contract,
-                             case_file=saved[0]["path"] if saved else None,
-                             error=saved[0]["error"] if saved else "the worker running it died")
+        self._report_crash(crashitem, "crashed", saved[0] if saved else None)
+
+    def _report_crash(self, nodeid: str, outcome: str, saved: dict | None = None) -> None:
+        """The run report's line for an item whose worker died (its worker wrote none)."""
+        if self.state.report_dir is None:
+            return
+        run_report.begin(nodeid)
+        run_report.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.contract,
+                         case_file=saved["path"] if saved else None,
+                         error=saved["error"] if saved else "the worker running it died")
 
     # ---- the end -------------------------------------------------------------------------------
 
