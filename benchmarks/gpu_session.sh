@@ -51,6 +51,10 @@ panel)
       --run-report="reports-$(basename "$impl" .py)" "--impl=$impl:run" &
   done
   wait
+  for report in reports-panel_*/*/report.md; do  # examples per impl: the throughput table of each report
+    echo "== $report" >>"$OUT/summary.txt"
+    grep -A4 '^| GPU' "$report" >>"$OUT/summary.txt"
+  done
   step sglang_as_served_more 240 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 --hypothesis-profile=gpu \
     --max-examples=1500 --impl=adapters/sglang_decode.py:run_as_served
   ;;
