@@ -63,12 +63,12 @@ faults)
   rm -rf failures reports  # this run's case files only
   watch_resources &
   watcher=$!
-  step seed_all_workers 420 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 --hypothesis-profile=gpu \
+  step seed_all_workers 300 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 --hypothesis-profile=gpu \
     --impl=tests/corpus/seed_original.py:run
   kill "$watcher"
   cat "$OUT/resources.txt" >>"$OUT/summary.txt"
   ls -l failures/*.pt 2>/dev/null | awk '{print $5, $9}' | sort -n | tail -n 40 >>"$OUT/summary.txt"
-  step faulting_no_xdist 150 "${PYTEST[@]}" properties -n 0 --hypothesis-profile=gpu \
+  step faulting_no_xdist 120 "${PYTEST[@]}" properties -n 0 --hypothesis-profile=gpu \
     --impl=tests/impls/out_of_bounds_kernel.py:run
   tar czf "$OUT/failures.tgz" failures
   ;;
