@@ -45,7 +45,7 @@ suite)
 panel)
   # The four panel runs at once, four workers per GPU each: 32 workers on a 32-core, 2-GPU host.
   : >"$OUT/summary.txt"
-  for impl in tests/impls/panel_*.py; do
+  for impl in ${PANEL:-tests/impls/panel_*.py}; do
     step "panel_$(basename "$impl" .py)" 330 "${PYTEST[@]}" properties -n auto --workers-per-gpu=4 \
       --hypothesis-profile=gpu --contract=correct --max-examples=700 --failures-dir="failures-$(basename "$impl" .py)" \
       --run-report="reports-$(basename "$impl" .py)" "--impl=$impl:run" &

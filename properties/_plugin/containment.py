@@ -114,8 +114,9 @@ class Guard:
         return shielded
 
     def check_context(self) -> None:
-        """After a test: a sticky error still pending on the device is charged to that test."""
-        if self.device.type != "cuda":
+        """After a test: a sticky error still pending on the device is charged to that test (once: a context
+        already lost and reported is not reported again as a teardown error)."""
+        if self.device.type != "cuda" or self.lost is not None:
             return
         try:
             torch.cuda.synchronize()
