@@ -66,6 +66,11 @@ class DecodeCase:
     def batch(self) -> int:
         return len(self.lengths)
 
+    def choices(self) -> dict[str, str]:
+        """The drawn choices by name, as the run report counts them (coverage)."""
+        return {"page layout": self.page_layout, "pool fill": self.pool_fill, "values": self.values,
+                "q layout": self.q_layout, "kv layout": self.kv_layout, "index layout": self.index_layout}
+
 
 class DecodeInputs(NamedTuple):
     """The arguments of ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)``."""

@@ -3,26 +3,28 @@
 import importlib.util
 import json
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from properties._plugin import run_report
+from properties.cases import DecodeCase
+
+COUNTER = run_report.ItemCounter()
 
 RUN = "20250101-000000-abcd"
 T0 = 1_700_000_000.0
-CASE = SimpleNamespace(lengths=(3, 0, 17), scale=None, page_layout="shuffled", values="normal")
+CASE = DecodeCase(lengths=(3, 0, 17))
 
 
 def _item(directory, nodeid, *, worker="gw0", gpu="0", outcome="passed", examples=10, seconds=2.0, started=T0,
           case_file=None, error=None, worst=0.25, tier="correct"):
     """One test item as the plugin reports it: begin, cases and observations, flush."""
-    run_report.begin(nodeid)
-    run_report.tally.add_case(CASE, 64)
+    COUNTER.begin(nodeid)
+    COUNTER.tally.add_case(CASE, 64)
     for n in range(examples):
         failing = outcome in ("failed", "crashed") and n == examples - 1
-        run_report.tally.add_observation("failed" if failing else "passed", {} if failing else {"err/bound": worst})
-    run_report.flush(directory, worker, seconds, gpu=gpu, outcome=outcome, tier=tier, case_file=case_file,
+        COUNTER.tally.add_observation("failed" if failing else "passed", {} if failing else {"err/bound": worst})
+    COUNTER.flush(directory, worker, seconds, gpu=gpu, outcome=outcome, tier=tier, case_file=case_file,
                      error=error, started=started)
 
 
@@ -175,20 +177,20 @@ def test_old_format_lines_still_merge(tmp_path):
 
 
 def test_flush_writes_outcomes_even_without_cases(tmp_path):
-    run_report.begin("p.py::test_gpu_only")
-    run_report.flush(tmp_path, "gw0", 0.1)  # built no case, no outcome: not a property
+    COUNTER.begin("p.py::test_gpu_only")
+    COUNTER.flush(tmp_path, "gw0", 0.1)  # built no case, no outcome: not a property
     assert not list(tmp_path.glob("parts-*"))
-    run_report.flush(tmp_path, "gw0", 0.1, outcome="skipped")
-    run_report.begin("p.py::test_x")
+    COUNTER.flush(tmp_path, "gw0", 0.1, outcome="skipped")
+    COUNTER.begin("p.py::test_x")
     before = time.time()
-    run_report.flush(tmp_path, "gw0", 3.0, outcome="crashed", error="RuntimeError: CUDA error\ntraceback",
+    COUNTER.flush(tmp_path, "gw0", 3.0, outcome="crashed", error="RuntimeError: CUDA error\ntraceback",
                      case_file=tmp_path / "c.pt")
     skipped, crashed = [json.loads(line) for line in next(tmp_path.glob("parts-*")).read_text().splitlines()]
     assert skipped["outcome"] == "skipped" and skipped["error"] is None and skipped["case_file"] is None
     assert crashed["error"] == "RuntimeError: CUDA error" and crashed["case_file"] == str(tmp_path / "c.pt")
     assert before - 3.0 - 1 <= crashed["started"] <= time.time() - 3.0
     with pytest.raises(ValueError, match="outcome"):
-        run_report.flush(tmp_path, "gw0", 0.1, outcome="exploded")
+        COUNTER.flush(tmp_path, "gw0", 0.1, outcome="exploded")
 
 
 def test_verdict_line_forms():

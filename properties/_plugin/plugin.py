@@ -191,12 +191,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _active = None
 
 
-def _profile_name() -> str:
-    # get_current_profile_name() is recent; the GPU image may carry an older Hypothesis.
-    getter = getattr(settings, "get_current_profile_name", None)
-    return getter() if getter else getattr(settings, "_current_profile", "?")
-
-
 def _is_property(function: object, path: Path) -> bool:
     return shards.is_hypothesis_test(function) and Path(path).resolve().is_relative_to(PROPERTY_SUITE)
 
@@ -246,7 +240,8 @@ class SuiteRun:
         self.claims = shards.FailureClaims(self._claims_dir(config))
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
         cases.add_build_observer(self.recorder.note_build)
-        cases.add_build_observer(run_report.observe_case)
+        self.counter = run_report.ItemCounter()  # what each test item builds and how far it got
+        cases.add_build_observer(self.counter.observe_case)
         if is_xdist_controller(_xdist_role(config)):
             os.environ[RUN_ID_ENV] = state.run_id
             if state.device.type == "cuda":
@@ -255,7 +250,7 @@ class SuiteRun:
         else:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
-            run_report.listen_to_hypothesis()
+            self.counter.listen_to_hypothesis()
 
     def _claims_dir(self, config: pytest.Config) -> Path:
         inherited = os.environ.get(CLAIMS_DIR_ENV) if is_xdist_worker(_xdist_role(config)) else None
@@ -270,7 +265,7 @@ class SuiteRun:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         cases.remove_build_observer(self.recorder.note_build)
-        cases.remove_build_observer(run_report.observe_case)
+        cases.remove_build_observer(self.counter.observe_case)
         for directory, pattern in ((self.slots_dir, "*.lock"), (self.own_claims_dir, "*")):
             if directory is not None:
                 for path in directory.glob(pattern):
@@ -280,7 +275,7 @@ class SuiteRun:
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         state = self.state
         return [f"gqa-decode: impl={state.target.spec} contract={state.contract} "
-                f"device={state.device} case-sizes={state.sizes} hypothesis-profile={_profile_name()} "
+                f"device={state.device} case-sizes={state.sizes} hypothesis-profile={shards.profile_name()} "
                 f"shards={config.option.shards} run={state.run_id}",
                 *(f"gqa-decode: the implementation declares {said}" for said in state.target.declarations())]
 
@@ -326,7 +321,7 @@ class SuiteRun:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self.recorder.begin(item.nodeid)
-        run_report.begin(item.nodeid)
+        self.counter.begin(item.nodeid)
         self.started[item.nodeid] = time.perf_counter()
 
     @pytest.hookimpl(hookwrapper=True)
@@ -340,7 +335,7 @@ class SuiteRun:
         if call.when == "teardown" and self.state.report_dir is not None and _is_property(
                 getattr(item, "obj", None), item.path):
             seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
-            run_report.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
+            self.counter.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
                              tier=self.state.contract, **self.outcomes.pop(item.nodeid, {}))
 
     def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
@@ -373,7 +368,7 @@ class SuiteRun:
             return None
         return casefiles.save_case(
             state.failures_dir, self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
-            profile=_profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
+            profile=shards.profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
             device_readable=device_readable,
         )
 
@@ -415,8 +410,8 @@ class SuiteRun:
         """The run report's line for an item whose worker died (its worker wrote none)."""
         if self.state.report_dir is None:
             return
-        run_report.begin(nodeid)
-        run_report.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.contract,
+        self.counter.begin(nodeid)
+        self.counter.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.contract,
                          case_file=saved["path"] if saved else None,
                          error=saved["error"] if saved else "the worker running it died")
 

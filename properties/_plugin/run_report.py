@@ -23,7 +23,7 @@ from typing import Any
 
 from .shards import property_name
 
-__all__ = ["Tally", "tally", "flush", "observe_case", "write_report", "property_name", "merge", "verdict_line"]
+__all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "write_report"]
 
 # Bucket edges (upper bounds, inclusive) and labels: what "covered" means at a glance.
 _BUCKETS = {
@@ -67,7 +67,7 @@ class Tally:
     counts: dict[str, Counter] = field(default_factory=lambda: {d: Counter() for d in DIMENSIONS})
 
     def add_case(self, case: Any, pool_pages: int | None) -> None:
-        lengths = tuple(getattr(case, "lengths", ()))
+        lengths = case.lengths
         self.cases += 1
         self.sequences += len(lengths)
         self.counts["batch"][bucket("batch", len(lengths))] += 1
@@ -77,12 +77,9 @@ class Tally:
         self.counts["empty"]["none" if not empty else "all" if empty == len(lengths) else "some"] += 1
         if pool_pages is not None:
             self.counts["pool pages"][bucket("pool pages", pool_pages)] += 1
-        self.counts["scale"][_scale_kind(getattr(case, "scale", None))] += 1
-        for dimension, attribute in (("page layout", "page_layout"), ("pool fill", "pool_fill"), ("values", "values"),
-                                     ("q layout", "q_layout"), ("kv layout", "kv_layout"),
-                                     ("index layout", "index_layout")):
-            if hasattr(case, attribute):
-                self.counts[dimension][str(getattr(case, attribute))] += 1
+        self.counts["scale"][_scale_kind(case.scale)] += 1
+        for dimension, choice in case.choices().items():
+            self.counts[dimension][choice] += 1
 
     def add_observation(self, status: str, targets: dict[str, float]) -> None:
         if status == "gave_up":
@@ -101,54 +98,77 @@ class Tally:
                 "counts": {d: dict(c) for d, c in self.counts.items()}}
 
 
-tally = Tally()
+class ItemCounter:
+    """Counts what the running test item builds and what Hypothesis reports of it, one item at a time;
+    the plugin owns one per process and flushes it to the part file when the item ends."""
 
+    def __init__(self) -> None:
+        self.tally = Tally()
 
-def begin(nodeid: str) -> None:
-    """Start counting for a new test item."""
-    global tally
-    tally = Tally(nodeid=nodeid)
+    def begin(self, nodeid: str) -> None:
+        """Start counting for a new test item."""
+        self.tally = Tally(nodeid=nodeid)
 
+    def observe_case(self, case: Any, inputs: Any) -> None:
+        """Count a built case; also label it for ``--hypothesis-show-statistics``."""
+        pool = getattr(getattr(inputs, "k_cache", None), "shape", (None,))[0]
+        self.tally.add_case(case, pool)
+        try:
+            from hypothesis import event
+            from hypothesis.control import currently_in_test_context
 
-def observe_case(case: Any, inputs: Any) -> None:
-    """Count a built case; also label it for ``--hypothesis-show-statistics``."""
-    pool = getattr(getattr(inputs, "k_cache", None), "shape", (None,))[0]
-    tally.add_case(case, pool)
-    try:
-        from hypothesis import event
-        from hypothesis.control import currently_in_test_context
+            if currently_in_test_context():
+                event(f"batch {bucket('batch', case.batch)}")
+                event(f"longest sequence {bucket('length', max(case.lengths, default=0))}")
+                event(f"page layout {case.page_layout}, values {case.values}")
+        except ImportError:  # an old Hypothesis: statistics go without these labels
+            pass
 
-        if currently_in_test_context():
-            lengths = tuple(getattr(case, "lengths", ()))
-            event(f"batch {bucket('batch', len(lengths))}")
-            event(f"longest sequence {bucket('length', max(lengths, default=0))}")
-            event(f"page layout {getattr(case, 'page_layout', '?')}, values {getattr(case, 'values', '?')}")
-    except ImportError:  # an old Hypothesis: statistics go without these labels
-        pass
+    def observe_hypothesis(self, observation: Any) -> None:
+        """Hypothesis observability callback: count test cases and the targets they reported."""
+        if _field(observation, "type") != "test_case":
+            return
+        features = _field(observation, "features") or {}
+        targets = {k.removeprefix("target:"): float(v) for k, v in features.items()
+                   if k.startswith("target") and isinstance(v, (int, float))}
+        self.tally.add_observation(str(_field(observation, "status")), targets)
+
+    def listen_to_hypothesis(self) -> bool:
+        """Register ``observe_hypothesis``; False where this Hypothesis has no observability callbacks."""
+        try:
+            from hypothesis.internal.observability import add_observability_callback
+        except ImportError:
+            return False
+        add_observability_callback(self.observe_hypothesis)
+        return True
+
+    def flush(self, directory: Path, worker: str, seconds: float, gpu: str | None = None, *,
+              outcome: str | None = None, tier: str | None = None, case_file: str | os.PathLike | None = None,
+              error: str | None = None, started: float | None = None) -> None:
+        """Append the current item's tally to this process's part file, with the worker, its GPU and the outcome.
+
+        ``outcome`` is one of ``OUTCOMES`` (None: inferred at merge from the failing examples); ``tier`` the
+        contract tier that ran; ``case_file`` the saved counterexample; ``error`` the failure message (only its
+        first line is kept); ``started`` the item's start in epoch seconds (default: now minus ``seconds``).
+        An item that built no case is not written, unless it has an outcome other than "passed" (a skipped,
+        stopped or crashed item may build none).
+        """
+        tally = self.tally
+        tally.seconds = seconds
+        if not tally.cases and outcome in (None, "passed"):
+            return  # built no case: not a property of the suite
+        if outcome is not None and outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+        line = {**tally.as_json(), "worker": worker, "gpu": gpu, "outcome": outcome, "tier": tier,
+                "case_file": None if case_file is None else str(case_file), "error": _first_line(error),
+                "started": time.time() - seconds if started is None else started}
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / f"parts-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
+            part.write(json.dumps(line) + "\n")
 
 
 def _field(observation: Any, name: str) -> Any:
     return observation.get(name) if isinstance(observation, dict) else getattr(observation, name, None)
-
-
-def observe_hypothesis(observation: Any) -> None:
-    """Hypothesis observability callback: count test cases and the targets they reported."""
-    if _field(observation, "type") != "test_case":
-        return
-    features = _field(observation, "features") or {}
-    targets = {k.removeprefix("target:"): float(v) for k, v in features.items()
-               if k.startswith("target") and isinstance(v, (int, float))}
-    tally.add_observation(str(_field(observation, "status")), targets)
-
-
-def listen_to_hypothesis() -> bool:
-    """Register ``observe_hypothesis``; False where this Hypothesis has no observability callbacks."""
-    try:
-        from hypothesis.internal.observability import add_observability_callback
-    except ImportError:
-        return False
-    add_observability_callback(observe_hypothesis)
-    return True
 
 
 # ---- outcomes and verdicts ------------------------------------------------------------------
@@ -161,30 +181,6 @@ _VERDICT_OF = {"crashed": "crashed", "failed": "failed", "stopped": "failed", "p
                "skipped": "skipped"}
 _FAILING = ("crashed", "failed")
 _COLORS = {"crashed": "black", "failed": "tab:red", "passed": "tab:green", "skipped": "tab:gray"}
-
-
-def flush(directory: Path, worker: str, seconds: float, gpu: str | None = None, *, outcome: str | None = None,
-          tier: str | None = None, case_file: str | os.PathLike | None = None, error: str | None = None,
-          started: float | None = None) -> None:
-    """Append the current test's tally to this process's part file, with the worker, its GPU and the outcome.
-
-    ``outcome`` is one of ``OUTCOMES`` (None: inferred at merge from the failing examples); ``tier`` the
-    contract tier that ran; ``case_file`` the saved counterexample; ``error`` the failure message (only its
-    first line is kept); ``started`` the item's start in epoch seconds (default: now minus ``seconds``).
-    An item that built no case is not written, unless it has an outcome other than "passed" (a skipped,
-    stopped or crashed item may build none).
-    """
-    tally.seconds = seconds
-    if not tally.cases and outcome in (None, "passed"):
-        return  # built no case: not a property of the suite
-    if outcome is not None and outcome not in OUTCOMES:
-        raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-    line = {**tally.as_json(), "worker": worker, "gpu": gpu, "outcome": outcome, "tier": tier,
-            "case_file": None if case_file is None else str(case_file), "error": _first_line(error),
-            "started": time.time() - seconds if started is None else started}
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / f"parts-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
-        part.write(json.dumps(line) + "\n")
 
 
 def _first_line(error: str | None) -> str | None:

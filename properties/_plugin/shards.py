@@ -235,3 +235,10 @@ def running_example() -> object | None:
 def draw_in(example: object, strategy, label: str):
     """Draw from ``strategy`` inside ``example`` (as ``st.data()`` does): the value shrinks and replays with it."""
     return example.data.draw(strategy, label=label)
+
+
+def profile_name() -> str:
+    """The active Hypothesis profile's name."""
+    # get_current_profile_name() is recent; the GPU image may carry an older Hypothesis.
+    getter = getattr(settings, "get_current_profile_name", None)
+    return getter() if getter else getattr(settings, "_current_profile", "?")
