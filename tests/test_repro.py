@@ -120,3 +120,21 @@ def test_repro_rejects_a_file_that_is_no_case_file(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"junk")
     result = run_module("properties.repro", str(tmp_path / "junk.pt"))
     assert result.returncode == 2 and "not a case file" in result.stderr
+
+
+def test_small_arguments_are_copied_at_the_call_and_survive_a_fault(tmp_path):
+    inputs = build(CASE)
+    broken = inputs.kv_indptr.clone()
+    broken[1] = 99  # a corrupted argument the kernel faulted on: no built tensor, unreadable after the fault
+    record = casefiles.Recorder()
+    record.begin("tests/x.py::test_x")
+    record.note_build(CASE, inputs)
+    record.note_call((inputs.q, inputs.k_cache, inputs.v_cache, broken, inputs.kv_indices, torch.ones(2).numpy()), {})
+    path = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
+                               device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False)
+    (call,) = casefiles.load_case(path)["calls"]  # loads with weights_only: nothing but tensors and plain data
+    assert call["args"][0] == {"built": "q"} and "omitted" in call["args"][5]
+    restored = casefiles.restore_call({"args": call["args"][:5], "kwargs": {}}, "cpu", CASE)[0]
+    assert torch.equal(restored[3], broken)
+    torch.testing.assert_close(restored[1], inputs.k_cache, rtol=0, atol=0, equal_nan=True)
+    assert path.stat().st_size < 64 * 1024

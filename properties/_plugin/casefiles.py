@@ -50,48 +50,16 @@ class CaseFileError(ValueError):
     """A file that is not a case file this version can read; the message says why."""
 
 
+EAGER_COPY_BYTES = 2**20  # a smaller tensor that is not a built input is copied when called (readable after a fault)
+_PLAIN = (type(None), bool, int, float, str)
+
+
 class _Weak:
-    """A weak reference to a tensor argument: recording never keeps a page pool alive (when a test fails,
-    its traceback does, until the case file is written)."""
+    """A weak reference to a large tensor argument: recording never keeps a page pool alive (when a test
+    fails, its traceback does, until the case file is written)."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.ref = weakref.ref(tensor)
-
-
-def _weakly(value: Any) -> Any:
-    return _Weak(value) if isinstance(value, torch.Tensor) else value
-
-
-def _strongly(value: Any) -> Any:
-    return value.ref() if isinstance(value, _Weak) else value
-
-
-@dataclass
-class Recorder:
-    """What the running test last built and called (one test at a time per process), held weakly."""
-
-    nodeid: str | None = None
-    case: Any = None
-    built: dict[str, Any] = field(default_factory=dict)  # argument name -> weakly held tensor built from ``case``
-    calls: list[tuple[tuple, dict]] = field(default_factory=list)
-
-    def begin(self, nodeid: str) -> None:
-        self.nodeid, self.case, self.built, self.calls = nodeid, None, {}, []
-
-    def note_build(self, case: Any, inputs: Any = None) -> None:
-        self.case, self.calls = case, []
-        self.built = {name: _weakly(value) for name, value in inputs._asdict().items()} if inputs is not None else {}
-
-    def note_call(self, args: tuple, kwargs: dict) -> None:
-        call = (tuple(_weakly(a) for a in args), {k: _weakly(v) for k, v in kwargs.items()})
-        self.calls = [*self.calls[-(_MAX_CALLS - 1):], call]
-
-    @property
-    def used(self) -> bool:
-        return self.case is not None or bool(self.calls)
-
-
-# ---- portable arguments ---------------------------------------------------------------------
 
 
 def _span(value: torch.Tensor) -> int:
@@ -106,42 +74,98 @@ def _geometry(value: torch.Tensor) -> dict:
             "dtype": str(value.dtype).removeprefix("torch.")}
 
 
-class _Packer:
-    """Turns one call's arguments into portable values within a byte allowance."""
+def _copied(value: torch.Tensor) -> dict:
+    """The tensor's storage span on the CPU, with what it takes to view it again."""
+    flat = value.detach().as_strided((_span(value),), (1,), 0).cpu().clone()
+    return {"tensor": flat, **_geometry(value)}
 
-    def __init__(self, built: dict[str, Any], allowance: int, device_readable: bool) -> None:
-        alive = {name: _strongly(value) for name, value in built.items()}
-        self.built = {id(t): name for name, t in alive.items() if isinstance(t, torch.Tensor)}
-        self.alive = alive  # held while packing, so that ids stay unique
+
+def _nbytes(value: torch.Tensor) -> int:
+    return _span(value) * value.element_size()
+
+
+@dataclass
+class Recorder:
+    """What the running test last built and called (one test at a time per process).
+
+    A call's argument is recorded as a reference when it is a tensor the builder made (rebuilt on
+    replay), as a CPU copy when it is a small other tensor (taken at the call, so a fault cannot make it
+    unreadable), and weakly when it is a large other tensor.
+    """
+
+    nodeid: str | None = None
+    case: Any = None
+    built: dict[int, tuple[str, weakref.ref]] = field(default_factory=dict)  # id -> (name, the tensor, weakly)
+    built_args: list[Any] = field(default_factory=list)  # the built call's arguments, as recorded
+    calls: list[tuple[tuple, dict]] = field(default_factory=list)
+
+    def begin(self, nodeid: str) -> None:
+        self.nodeid, self.case, self.built, self.built_args, self.calls = nodeid, None, {}, [], []
+
+    def note_build(self, case: Any, inputs: Any = None) -> None:
+        self.case, self.calls = case, []
+        fields = inputs._asdict().items() if inputs is not None else ()
+        self.built = {id(v): (name, weakref.ref(v)) for name, v in fields if isinstance(v, torch.Tensor)}
+        self.built_args = [self._recorded(v) for _, v in fields]
+
+    def note_call(self, args: tuple, kwargs: dict) -> None:
+        call = (tuple(self._recorded(a) for a in args), {k: self._recorded(v) for k, v in kwargs.items()})
+        self.calls = [*self.calls[-(_MAX_CALLS - 1):], call]
+
+    def _recorded(self, value: Any) -> Any:
+        if isinstance(value, _PLAIN):
+            return value
+        if not isinstance(value, torch.Tensor):
+            return {"omitted": f"a {type(value).__name__}, not a tensor"}
+        name, ref = self.built.get(id(value), (None, None))
+        if ref is not None and ref() is value:
+            return {"built": name}
+        if _nbytes(value) <= EAGER_COPY_BYTES:
+            return _copied(value)
+        return _Weak(value)
+
+    @property
+    def used(self) -> bool:
+        return self.case is not None or bool(self.calls)
+
+
+# ---- portable arguments ---------------------------------------------------------------------
+
+
+class _Packer:
+    """Turns recorded arguments into what the file holds, within a byte allowance."""
+
+    def __init__(self, allowance: int, device_readable: bool) -> None:
         self.allowance = allowance
         self.device_readable = device_readable
 
     def pack(self, value: Any) -> Any:
         if isinstance(value, _Weak):
-            value = value.ref()
-            if value is None:
-                return {"omitted": "the tensor was released before the failure was saved"}
-        if not isinstance(value, torch.Tensor):
-            return value
-        if id(value) in self.built:
-            return {"built": self.built[id(value)]}
-        nbytes = _span(value) * value.element_size()
+            return self._pack_large(value.ref())
+        if isinstance(value, dict) and "tensor" in value:
+            nbytes = value["tensor"].numel() * value["tensor"].element_size()
+            if nbytes > self.allowance:
+                return {"omitted": f"over the case file's {MAX_CASE_FILE_BYTES} byte limit",
+                        **{k: v for k, v in value.items() if k != "tensor"}}
+            self.allowance -= nbytes
+        return value
+
+    def _pack_large(self, value: torch.Tensor | None) -> dict:
+        if value is None:
+            return {"omitted": "the tensor was released before the failure was saved"}
         if not self.device_readable:
             return {"omitted": "device memory was unreadable after a CUDA fault", **_geometry(value)}
-        if nbytes > self.allowance:
-            return {"omitted": f"{nbytes} bytes, over the case file's {MAX_CASE_FILE_BYTES} byte limit",
-                    **_geometry(value)}
-        self.allowance -= nbytes
-        flat = value.as_strided((_span(value),), (1,), 0).detach().cpu().clone()
-        return {"tensor": flat, **_geometry(value)}
+        return self.pack(_copied(value)) if _nbytes(value) <= self.allowance else {
+            "omitted": f"{_nbytes(value)} bytes, over the case file's {MAX_CASE_FILE_BYTES} byte limit",
+            **_geometry(value)}
 
 
 def _packed_calls(record: Recorder, device_readable: bool) -> list[dict]:
-    packer = _Packer(record.built, MAX_CASE_FILE_BYTES, device_readable)
+    packer = _Packer(MAX_CASE_FILE_BYTES, device_readable)
     calls = [{"args": [packer.pack(a) for a in args], "kwargs": {k: packer.pack(v) for k, v in kwargs.items()}}
              for args, kwargs in record.calls]
-    if not calls and record.built:  # faulted before any call was recorded: replay the built call
-        calls = [{"args": [packer.pack(a) for a in record.built.values()], "kwargs": {}}]
+    if not calls and record.built_args:  # faulted before any call was recorded: replay the built call
+        calls = [{"args": [packer.pack(a) for a in record.built_args], "kwargs": {}}]
     return calls
 
 

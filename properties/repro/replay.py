@@ -49,8 +49,9 @@ def _header(payload: dict, device, impl_spec: str) -> list[str]:
     ]
 
 
-def _replay_call(number: int, call: dict, impl, device, png: Path | None, title: str, case) -> bool:
-    """Replay one recorded call; print its layout and diagnosis; True when it fails."""
+def _replay_call(number: int, call: dict, impl, device, png: Path | None, title: str, case) -> bool | None:
+    """Replay one recorded call; print its layout and diagnosis; True when it fails, None when the file
+    cannot rebuild it."""
     from .. import sibling
     from .._plugin.casefiles import CaseFileError, restore_call
     from .diagnosis import describe_layout, describe_mismatch, ratios, write_heatmap
@@ -59,7 +60,7 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
         args, kwargs = restore_call(call, device, case)
     except CaseFileError as error:
         print(f"\n-- call {number}: cannot be replayed from the file: {error}")
-        return False
+        return None
     print(f"\n-- call {number}: layout")
     for line in describe_layout(*args, **kwargs):
         print(f"   {line}")
@@ -103,18 +104,22 @@ def main(argv: list[str] | None = None) -> int:
         print("\nno inputs were recorded for this failure; rerun the test: pytest "
               f"'{payload['nodeid']}' --hypothesis-profile=repro")
         return 1
-    failed = False
+    results = []
     for number, call in enumerate(calls):
         png = None
         if not options.no_png:
             base = options.png or options.file.with_suffix("")
             png = base.with_name(f"{base.stem}-call{number}.png") if len(calls) > 1 else base.with_suffix(".png")
-        failed |= _replay_call(number, call, impl, device, png, f"{payload['nodeid']} call {number}", case)
-    if failed:
+        results.append(_replay_call(number, call, impl, device, png, f"{payload['nodeid']} call {number}", case))
+    rerun = f"rerun pytest '{payload['nodeid']}' --hypothesis-profile=repro"
+    if any(results):
         print(f"\nreproduced on {device}.")
+    elif None in results:
+        print(f"\nnot replayed in full on {device}: {results.count(None)} of {len(results)} calls could not be "
+              f"rebuilt from the file (see above); {rerun}.")
     else:
         print(f"\ndid not reproduce on {device}: every recorded call is within the bound. The failure may need the "
-              f"device it was found on, or concern a relation between calls: rerun pytest '{payload['nodeid']}'.")
-    return 1 if failed else 0
+              f"device it was found on, or concern a relation between calls: {rerun}.")
+    return 1 if any(results) else 0
 
 
