@@ -511,6 +511,19 @@ def remove_build_observer(observer: BuildObserver) -> None:
         _build_observers.remove(observer)
 
 
+class SuiteOutOfMemory(BaseException):  # noqa: N818 - reads as what happened
+    """The builder could not allocate a case's inputs: a limit of the machine, not a defect of the kernel.
+
+    A BaseException, so Hypothesis neither shrinks nor retries it; the plugin reports the
+    test as an infrastructure error, not as a failed property.
+    """
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    return isinstance(error, oom) or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
 def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool = True) -> DecodeInputs:
     """Deterministically build the kernel arguments a case describes, on ``device``.
 
@@ -521,10 +534,23 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
     drawing on the CPU and copying. The pool is allocated and filled with junk on
     ``device``, so a pool of millions of pages costs one fill there. Observers
     (``add_build_observer``) see the result unless ``observe`` is False.
+
+    Raises ``SuiteOutOfMemory`` when ``device`` cannot hold the case.
     """
+    try:
+        inputs = _build(case, torch.device(device))
+    except (RuntimeError, MemoryError) as error:
+        if not (_out_of_memory(error) or isinstance(error, MemoryError)):
+            raise
+        raise SuiteOutOfMemory(f"the suite could not allocate the inputs of {case} on {device}: {error}") from error
+    for observer in _build_observers if observe else ():
+        observer(case, inputs)
+    return inputs
+
+
+def _build(case: DecodeCase, device: torch.device) -> DecodeInputs:
     if case.values not in VALUE_REGIMES:
         raise ValueError(f"unknown values={case.values!r}; expected one of {tuple(VALUE_REGIMES)}")
-    device = torch.device(device)
     gen = torch.Generator().manual_seed(case.seed)
     indices, pool_size = page_ids(case, gen)
     referenced = torch.unique(indices)
@@ -538,7 +564,7 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
     v_cache[slots, 0] = v_rows.to(torch.bfloat16)
     indptr = torch.tensor([0, *torch.tensor(case.lengths, dtype=torch.int64).cumsum(0).tolist()])
     junk_page = max(pool_size - 1, 0)  # in range, so a kernel that ignores the strides reads a wrong page, not memory
-    inputs = DecodeInputs(
+    return DecodeInputs(
         q=_place_q(q.to(torch.bfloat16), case.q_layout),
         k_cache=k_cache,
         v_cache=v_cache,
@@ -546,6 +572,3 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
         kv_indices=_place_index(indices, case.index_layout, junk_page, device),
         sm_scale=case.scale,
     )
-    for observer in _build_observers if observe else ():
-        observer(case, inputs)
-    return inputs

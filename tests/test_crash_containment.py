@@ -94,3 +94,12 @@ def test_shards_of_a_crashing_property_give_one_report(tmp_path):
     assert len(failed) == 1 and "test_first_kernel_faults" in failed[0], output
     assert "test_second_runs_in_a_healthy_process" not in " ".join(failed)
     _assert_the_faulting_example_was_saved(tmp_path)
+
+
+def test_the_suite_running_out_of_memory_is_an_infrastructure_error_not_a_failure(tmp_path):
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest("tests/infrastructure_cases.py", "--impl=tests/impls/torch_float32.py:run", "--device=cpu",
+                        "--hypothesis-profile=ci", "-n", "0", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 error" in result.stdout and "failed" not in result.stdout.splitlines()[-1], result.stdout
+    assert "SuiteOutOfMemory" in result.stdout and not (tmp_path / "failures").exists()

@@ -128,6 +128,7 @@ class RunState:
 
 RUN = pytest.StashKey[RunState]()
 SUITE_RUN = "gqa-decode-run"  # the name the SuiteRun object is registered under
+INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
 _active: RunState | None = None  # for test modules, which build their strategies when imported
 
 
@@ -195,8 +196,15 @@ def _is_property(function: object, path: Path) -> bool:
     return shards.is_hypothesis_test(function) and Path(path).resolve().is_relative_to(PROPERTY_SUITE)
 
 
+def _infrastructure_error(report: pytest.TestReport) -> bool:
+    return any(name == INFRASTRUCTURE for name, _ in getattr(report, "user_properties", ()))
+
+
 def _outcome(report: pytest.TestReport) -> str:
-    """The run report's word for a test phase's result; "stopped" for a shard that gave way to a sibling."""
+    """The run report's word for a test phase's result; "stopped" for a shard that gave way to a sibling,
+    "error" where the suite itself could not run it."""
+    if _infrastructure_error(report):
+        return "error"
     if report.skipped:
         return "stopped" if "stopped:" in str(report.longrepr) else "skipped"
     return report.outcome
@@ -279,6 +287,12 @@ class SuiteRun:
                 f"shards={config.option.shards} run={state.run_id}",
                 *(f"gqa-decode: the implementation declares {said}" for said in state.target.declarations())]
 
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        """A test the suite could not run (its own allocation failed) counts as an error, not a failure."""
+        if report.failed and _infrastructure_error(report):
+            return "error", "E", ("ERROR (infrastructure)", {"red": True})
+        return None
+
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         reasons = {
             "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
@@ -328,7 +342,10 @@ class SuiteRun:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         outcome = yield
         report = outcome.get_result()
-        if call.when == "call" and report.failed:
+        if call.when == "call" and report.failed and call.excinfo.errisinstance(cases.SuiteOutOfMemory):
+            # The suite's own allocation, not the kernel: an infrastructure error, no case file.
+            report.user_properties.append((INFRASTRUCTURE, call.excinfo.exconly()))
+        elif call.when == "call" and report.failed:
             self._record_failure(item, call, report)
         if report.skipped or call.when == "call":
             self.outcomes.setdefault(item.nodeid, {}).update(outcome=_outcome(report))

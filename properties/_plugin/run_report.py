@@ -173,14 +173,16 @@ def _field(observation: Any, name: str) -> Any:
 
 # ---- outcomes and verdicts ------------------------------------------------------------------
 
-OUTCOMES = ("passed", "failed", "crashed", "skipped", "stopped")
+# "error": the suite itself could not run the item (it could not allocate its own inputs): no verdict on the kernel.
+OUTCOMES = ("passed", "failed", "crashed", "skipped", "stopped", "error")
 # A property's verdict is the worst of its items' outcomes. A stopped shard counts as failed: it stopped
 # because a sibling failed (even when that sibling's line is missing, e.g. its worker died first).
-VERDICTS = ("crashed", "failed", "passed", "skipped")  # worst first: the table's order
-_VERDICT_OF = {"crashed": "crashed", "failed": "failed", "stopped": "failed", "passed": "passed",
+VERDICTS = ("crashed", "failed", "error", "passed", "skipped")  # worst first: the table's order
+_VERDICT_OF = {"crashed": "crashed", "failed": "failed", "stopped": "failed", "error": "error", "passed": "passed",
                "skipped": "skipped"}
 _FAILING = ("crashed", "failed")
-_COLORS = {"crashed": "black", "failed": "tab:red", "passed": "tab:green", "skipped": "tab:gray"}
+_COLORS = {"crashed": "black", "failed": "tab:red", "error": "tab:orange", "passed": "tab:green",
+           "skipped": "tab:gray"}
 
 
 def _first_line(error: str | None) -> str | None:
@@ -299,8 +301,11 @@ def verdict_line(merged: dict[str, dict]) -> str:
     """'FAILED: 3 of 26 properties failed, 1 crashed' or 'PASSED: 26 properties' (skipped ones added)."""
     count = Counter(entry["verdict"] for entry in merged.values())
     total, skipped = len(merged), f", {count['skipped']} skipped" if count["skipped"] else ""
+    skipped += f", {count['error']} not run (infrastructure error)" if count["error"] else ""
     bad = [(count[v], v) for v in _FAILING[::-1] if count[v]]  # failed before crashed
     if not bad:
+        if count["error"]:
+            return f"INCOMPLETE: {count['passed']} of {total} properties passed{skipped}"
         return f"PASSED: {count['passed']} properties{skipped}" if count["passed"] else f"NOTHING RAN{skipped}"
     (first, kind), rest = bad[0], bad[1:]
     return f"FAILED: {first} of {total} properties {kind}" + "".join(f", {n} {v}" for n, v in rest) + skipped
