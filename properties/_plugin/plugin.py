@@ -68,6 +68,12 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number")
     return number
 
+
+def shard_count(text: str) -> int | str:
+    """argparse type of ``--shards``: a positive whole number, or ``auto``."""
+    return text if text == "auto" else positive_int(text)
+
+
 _OPTIONS = (
     # flag, environment variable, default, type, choices, metavar, help
     ("--impl", "GQA_DECODE_IMPL", DEFAULT_IMPL, str, None, "TARGET",
@@ -82,7 +88,7 @@ _OPTIONS = (
      "size limits of generated cases; default small on cpu, large on cuda"),
     ("--workers-per-gpu", gpus.WORKERS_PER_GPU_ENV, "1", positive_int, None, "N",
      "xdist workers per visible GPU under -n auto (default 1)"),
-    ("--shards", "GQA_DECODE_SHARDS", "auto", shards.shard_count, None, "N",
+    ("--shards", "GQA_DECODE_SHARDS", "auto", shard_count, None, "N",
      "split each property into N items with a share of the examples each; auto: one per xdist worker"),
     ("--max-examples", "GQA_DECODE_MAX_EXAMPLES", None, positive_int, None, "N",
      "examples per property instead of the profile's, shared among its shards"),

@@ -18,7 +18,6 @@ Hypothesis's private attributes (settings, seed and database digest of a test).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import hashlib
@@ -35,7 +34,7 @@ from hypothesis.errors import HypothesisException
 
 __all__ = [
     "FailureClaims", "Shard", "generates_examples", "is_hypothesis_test", "property_name", "share_database_key",
-    "shard_count", "sharded",
+    "sharded",
 ]
 
 _SHARD_ID = re.compile(r"shard(\d+)of(\d+)")
@@ -62,19 +61,6 @@ class Shard:
 def property_name(nodeid: str) -> str:
     """The property a test item belongs to: its node id without the shard parameter."""
     return _SHARD_PARAMETER.sub("", nodeid)
-
-
-def shard_count(option: str) -> int | str:
-    """``--shards``: a positive number, or ``auto`` (one shard per xdist worker, 1 without xdist)."""
-    if option == "auto":
-        return option
-    try:
-        count = int(option)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"--shards={option!r}: expected a positive number or 'auto'")
-    return count
 
 
 def resolved_shard_count(option: int | str) -> int:
