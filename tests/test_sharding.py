@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from properties._plugin import gpus, shards
-from properties._plugin.plugin import shard_count
+from properties._plugin.plugin import count_or_auto
 from properties._plugin.shards import Shard
 from tests.pytest_runs import clean_environment, run_pytest
 
@@ -79,13 +79,13 @@ def test_auto_means_workers_per_gpu_times_gpus_and_the_core_count_without_cuda(m
 
 def test_shard_count_follows_the_workers_unless_given(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
-    assert shards.resolved_shard_count(shard_count("auto")) == 4
+    assert shards.resolved_shard_count(count_or_auto("auto")) == 4
     monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT")
-    assert shards.resolved_shard_count(shard_count("auto")) == 1
-    assert shards.resolved_shard_count(shard_count("3")) == 3
+    assert shards.resolved_shard_count(count_or_auto("auto")) == 1
+    assert shards.resolved_shard_count(count_or_auto("3")) == 3
     for bad in ("0", "many"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected a positive whole number"):
-            shard_count(bad)
+            count_or_auto(bad)
 
 
 def test_each_shard_runs_its_share_of_the_examples():
@@ -142,3 +142,11 @@ def test_properties_are_collected_as_shards_and_other_tests_are_not():
 def test_bad_shard_count_is_a_usage_error():
     result = run_pytest("--collect-only", "-q", "--shards=0", "properties/test_decode.py")
     assert result.returncode == 4 and "--shards: '0': expected a positive whole number" in result.stderr
+
+
+def test_auto_workers_per_gpu_take_two_cores_each_up_to_the_measured_knee():
+    assert gpus.workers_per_gpu(3, 2) == 3
+    assert gpus.workers_per_gpu("auto", 1, cores=16) == 8  # one H200 with 16 cores
+    assert gpus.workers_per_gpu("auto", 2, cores=32) == 8  # two H200s with 32 cores
+    assert gpus.workers_per_gpu("auto", 1, cores=128) == gpus.MEASURED_KNEE
+    assert gpus.workers_per_gpu("auto", 4, cores=8) == 1

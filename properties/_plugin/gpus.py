@@ -1,11 +1,12 @@
 """xdist workers on GPUs: which GPU each worker claims, and what ``-n auto`` means.
 
-On a GPU host ``-n auto`` starts one worker per visible GPU (``--workers-per-gpu``
-for more). The controller counts the GPUs and exports their ids; each worker, when
-the plugin is imported and before anything touches CUDA, claims a free slot (a lock
-file held for the life of the process, so a worker that replaces a crashed one takes
-over the dead worker's GPU) and pins itself there with ``CUDA_VISIBLE_DEVICES``. Each
-slot has its own ``TRITON_CACHE_DIR`` (concurrent writers of one Triton cache race).
+On a GPU host ``-n auto`` starts ``--workers-per-gpu`` workers per visible GPU (``auto``:
+two cores per worker, at most the measured knee of 8 per H200). The controller counts the
+GPUs and exports their ids; each worker, when the plugin is imported and before anything
+touches CUDA, claims a free slot (a lock file held for the life of the process, so a
+worker that replaces a crashed one takes over the dead worker's GPU) and pins itself there
+with ``CUDA_VISIBLE_DEVICES``. Each slot has its own ``TRITON_CACHE_DIR`` (concurrent
+writers of one Triton cache race), kept between runs so a warm run skips compilation.
 
 Nothing here imports torch at module level: it runs before the worker is pinned.
 """
@@ -26,7 +27,7 @@ SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
 __all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "pin_this_worker",
-           "release_slots", "visible_gpu_ids"]
+           "release_slots", "visible_gpu_ids", "workers_per_gpu"]
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,21 @@ def pin_this_worker() -> Pin | None:
     return pin
 
 
-def auto_worker_count(device_choice: str, workers_per_gpu: int) -> int | None:
-    """What ``-n auto`` means: workers_per_gpu per visible GPU; None (xdist's core count) without CUDA.
+# Workers per H200 beyond which examples/s stopped growing: benchmarks/throughput.py scaling on one H200 of a
+# 32-core host gave 144.7 examples/s with 4 workers, 221.3 with 8 and 219.8 with 16 (2026-11-30).
+MEASURED_KNEE = 8
+
+
+def workers_per_gpu(option: int | str, gpu_count: int, cores: int | None = None) -> int:
+    """``--workers-per-gpu``: the number given, or for ``auto`` two cores per worker, at most ``MEASURED_KNEE``."""
+    if option != "auto":
+        return int(option)
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(MEASURED_KNEE, cores // (2 * max(gpu_count, 1))))
+
+
+def auto_worker_count(device_choice: str, per_gpu: int | str) -> int | None:
+    """What ``-n auto`` means: ``workers_per_gpu`` per visible GPU; None (xdist's core count) without CUDA.
 
     Runs in the controller only, which runs no test, so initialising CUDA there is harmless.
     """
@@ -138,7 +152,7 @@ def auto_worker_count(device_choice: str, workers_per_gpu: int) -> int | None:
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return count * workers_per_gpu if count else None
+    return count * workers_per_gpu(per_gpu, count) if count else None
 
 
 @contextlib.contextmanager

@@ -69,8 +69,8 @@ def positive_int(text: str) -> int:
     return number
 
 
-def shard_count(text: str) -> int | str:
-    """argparse type of ``--shards``: a positive whole number, or ``auto``."""
+def count_or_auto(text: str) -> int | str:
+    """argparse type of ``--shards`` and ``--workers-per-gpu``: a positive whole number, or ``auto``."""
     return text if text == "auto" else positive_int(text)
 
 
@@ -86,9 +86,9 @@ _OPTIONS = (
      "project's kernel, correct for any other --impl"),
     ("--case-sizes", "GQA_DECODE_CASE_SIZES", None, str, tuple(profiles.CASE_SIZES), None,
      "size limits of generated cases; default small on cpu, large on cuda"),
-    ("--workers-per-gpu", gpus.WORKERS_PER_GPU_ENV, "1", positive_int, None, "N",
-     "xdist workers per visible GPU under -n auto (default 1)"),
-    ("--shards", "GQA_DECODE_SHARDS", "auto", shard_count, None, "N",
+    ("--workers-per-gpu", gpus.WORKERS_PER_GPU_ENV, "auto", count_or_auto, None, "N",
+     "xdist workers per visible GPU under -n auto; auto: two cores per worker, at most 8 (the measured knee)"),
+    ("--shards", "GQA_DECODE_SHARDS", "auto", count_or_auto, None, "N",
      "split each property into N items with a share of the examples each; auto: one per xdist worker"),
     ("--max-examples", "GQA_DECODE_MAX_EXAMPLES", None, positive_int, None, "N",
      "examples per property instead of the profile's, shared among its shards"),
@@ -259,8 +259,8 @@ class SuiteRun:
         if is_xdist_controller(_xdist_role(config)):
             os.environ[RUN_ID_ENV] = state.run_id
             if state.device.type == "cuda":
-                self.slots_dir = gpus.export_gpus(gpus.visible_gpu_ids(torch.cuda.device_count()),
-                                                  config.option.workers_per_gpu)
+                ids = gpus.visible_gpu_ids(torch.cuda.device_count())
+                self.slots_dir = gpus.export_gpus(ids, gpus.workers_per_gpu(config.option.workers_per_gpu, len(ids)))
         else:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
