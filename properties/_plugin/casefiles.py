@@ -120,8 +120,13 @@ class Recorder:
         name, ref = self.built.get(id(value), (None, None))
         if ref is not None and ref() is value:
             return {"built": name}
+        if value.device.type == "meta":
+            return {"omitted": "a tensor on the meta device holds no data", **_geometry(value)}
         if _nbytes(value) <= EAGER_COPY_BYTES:
-            return _copied(value)
+            try:
+                return _copied(value)
+            except Exception as error:  # noqa: BLE001 - recording must never break the call it records
+                return {"omitted": f"could not be copied: {error}", **_geometry(value)}
         return _Weak(value)
 
     @property
@@ -153,7 +158,7 @@ class _Packer:
     def _pack_large(self, value: torch.Tensor | None) -> dict:
         if value is None:
             return {"omitted": "the tensor was released before the failure was saved"}
-        if not self.device_readable:
+        if not self.device_readable or value.device.type == "meta":
             return {"omitted": "device memory was unreadable after a CUDA fault", **_geometry(value)}
         return self.pack(_copied(value)) if _nbytes(value) <= self.allowance else {
             "omitted": f"{_nbytes(value)} bytes, over the case file's {MAX_CASE_FILE_BYTES} byte limit",
