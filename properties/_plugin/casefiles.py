@@ -76,7 +76,7 @@ def _geometry(value: torch.Tensor) -> dict:
 
 def _copied(value: torch.Tensor) -> dict:
     """The tensor's storage span on the CPU, with what it takes to view it again."""
-    flat = value.detach().as_strided((_span(value),), (1,), 0).cpu().clone()
+    flat = value.detach().as_strided((_span(value),), (1,), 0).to("cpu", copy=True)  # one copy, from any device
     return {"tensor": flat, **_geometry(value)}
 
 

@@ -206,6 +206,10 @@ def _infrastructure_error(report: pytest.TestReport) -> bool:
     return any(name == INFRASTRUCTURE for name, _ in getattr(report, "user_properties", ()))
 
 
+def _stop_session(item: pytest.Item) -> None:
+    item.session.shouldstop = f"the CUDA context was lost in {item.nodeid}; later tests would fail spuriously"
+
+
 def _outcome(report: pytest.TestReport) -> str:
     """The run report's word for a test phase's result; "stopped" for a shard that gave way to a sibling,
     "error" where the suite itself could not run it."""
@@ -365,7 +369,7 @@ class SuiteRun:
         error = call.excinfo.value
         lost = isinstance(error, CudaContextLost) or self.guard.lost is not None
         if lost:  # saved already, by the guard; whatever was raised after the fault is that fault
-            item.session.shouldstop = f"the CUDA context was lost in {item.nodeid}; later tests would fail spuriously"
+            _stop_session(item)
             report.sections.append(("gqa-decode case file", (self.guard.lost or str(error)).partition("\n")[2]))
             return
         sticky = is_sticky_cuda_error(error)
@@ -379,7 +383,7 @@ class SuiteRun:
         shown = f"{path}\nreplay: {casefiles.replay_command(path)}" if path else self._budget_note()
         report.sections.append(("gqa-decode case file", shown))
         if sticky:
-            item.session.shouldstop = f"the CUDA context was lost in {item.nodeid}; later tests would fail spuriously"
+            _stop_session(item)
 
     def _budget_note(self) -> str:
         return (f"not saved: the run's case files reached --failures-budget="
