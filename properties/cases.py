@@ -209,9 +209,11 @@ def _two_fields(hashes: torch.Tensor) -> torch.Tensor:
     return (hashes & 0xFFFF).add_(_shr(hashes, 16).bitwise_and_(0xFFFF))
 
 
-def _four_fields(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """The four 16-bit halves of two hash tensors summed, centred: integers in [-131070, 131070]."""
-    return _two_fields(first).add_(_two_fields(second)).sub_(2 * 0xFFFF)
+def _four_fields(key: int, start: int, count: int, device: torch.device) -> torch.Tensor:
+    """Element i: the four 16-bit halves of hashes ``start + i`` and ``start + count + i`` summed, centred:
+    integers in [-131070, 131070]. Both hashes in one pass (a GPU build is dominated by launches)."""
+    first, second = _two_fields(_hashes(key, start, 2 * count, device)).view(2, count)
+    return first.add_(second).sub_(2 * 0xFFFF)
 
 
 class _Stream:
@@ -244,8 +246,11 @@ class _Stream:
         step = _CPU_CHUNK if self.device.type == "cpu" else max(count, 1)
         for a in range(0, count, step):
             n = min(step, count - a)
-            ints = _four_fields(_hashes(self.key, start + a, n, self.device),
-                                _hashes(self.key, start + count + a, n, self.device))
+            if n == count:
+                ints = _four_fields(self.key, start, count, self.device)
+            else:  # a CPU chunk: the same two counter ranges, cut to this chunk
+                ints = _two_fields(_hashes(self.key, start + a, n, self.device)).add_(
+                    _two_fields(_hashes(self.key, start + count + a, n, self.device))).sub_(2 * 0xFFFF)
             flat[a:a + n].copy_(ints).mul_(_NORMAL_SCALE)  # int -> float32 exact (|ints| < 2**24), one rounding
         return tuple(piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes))
 
@@ -267,8 +272,7 @@ class _Stream:
         """``rows`` random unit vectors of HEAD_DIM host floats (exactly rounded sums: the same on every host)."""
         count = rows * HEAD_DIM
         start = self._take(2 * count)
-        first, second = (_hashes(self.key, start + offset, count, torch.device("cpu")) for offset in (0, count))
-        flat = [x / _FOUR_FIELDS_STD for x in _four_fields(first, second).tolist()]
+        flat = [x / _FOUR_FIELDS_STD for x in _four_fields(self.key, start, count, torch.device("cpu")).tolist()]
         vectors = [flat[r * HEAD_DIM:(r + 1) * HEAD_DIM] for r in range(rows)]
         return [[x / math.sqrt(math.fsum(y * y for y in v)) for x in v] for v in vectors]
 

@@ -78,9 +78,7 @@ def _check_choices(name: str, chosen: tuple[str, ...], allowed: tuple[str, ...])
         raise InvalidArgument(f"{name}={chosen!r} must be a non-empty tuple drawn from {allowed}")
 
 
-@st.composite
 def decode_cases(
-    draw,
     *,
     limits: SizeLimits = SizeLimits(),
     min_batch: int = 1,
@@ -94,7 +92,7 @@ def decode_cases(
     lengths: st.SearchStrategy[int] | None = None,
     sm_scales: st.SearchStrategy[float | None] | None = None,
     min_spare_pages: int = 0,
-) -> DecodeCase:
+) -> st.SearchStrategy[DecodeCase]:
     """A ``DecodeCase`` within ``limits``, with at least ``min_empty`` empty sequences.
 
     The tuples name the choices drawn for each descriptor field (the first is where
@@ -113,19 +111,56 @@ def decode_cases(
     ):
         _check_choices(name, chosen, allowed)
     one_length = sequence_lengths(max_len=limits.max_len) if lengths is None else lengths
-    lengths = draw(st.lists(one_length, min_size=max(min_batch, min_empty), max_size=limits.max_batch))
-    if min_empty:
-        empty = draw(st.sets(st.integers(0, len(lengths) - 1), min_size=min_empty, max_size=min_empty))
+    # Every part is built once, here: a strategy built inside the draw is validated anew for
+    # every example, which cost more than all the drawing (4.4 ms an example on a CPU core).
+    fields = _CaseFields(
+        lengths=st.lists(one_length, min_size=max(min_batch, min_empty), max_size=limits.max_batch),
+        min_empty=min_empty,
+        page_layout=st.sampled_from(page_layouts),
+        spare_pages=st.integers(min_spare_pages, limits.max_spare_pages),
+        pool_fill=st.sampled_from(pool_fills),
+        scale=scales() if sm_scales is None else sm_scales,
+        values=st.sampled_from(values),
+        seed=st.integers(0, 2**32 - 1),
+        q_layout=st.sampled_from(q_layouts),
+        kv_layout=st.sampled_from(kv_layouts),
+        index_layout=st.sampled_from(index_layouts),
+    )
+    return _draw_case(fields)
+
+
+@dataclass(frozen=True)
+class _CaseFields:
+    """One strategy per descriptor field (``min_empty``: how many sequences are forced empty)."""
+
+    lengths: st.SearchStrategy[list[int]]
+    min_empty: int
+    page_layout: st.SearchStrategy[str]
+    spare_pages: st.SearchStrategy[int]
+    pool_fill: st.SearchStrategy[str]
+    scale: st.SearchStrategy[float | None]
+    values: st.SearchStrategy[str]
+    seed: st.SearchStrategy[int]
+    q_layout: st.SearchStrategy[str]
+    kv_layout: st.SearchStrategy[str]
+    index_layout: st.SearchStrategy[str]
+
+
+@st.composite
+def _draw_case(draw, fields: _CaseFields) -> DecodeCase:
+    lengths = draw(fields.lengths)
+    if fields.min_empty:
+        empty = draw(st.sets(st.integers(0, len(lengths) - 1), min_size=fields.min_empty, max_size=fields.min_empty))
         lengths = [0 if i in empty else n for i, n in enumerate(lengths)]
     return DecodeCase(
         lengths=tuple(lengths),
-        page_layout=draw(st.sampled_from(page_layouts)),
-        spare_pages=draw(st.integers(min_spare_pages, limits.max_spare_pages)),
-        pool_fill=draw(st.sampled_from(pool_fills)),
-        scale=draw(scales() if sm_scales is None else sm_scales),
-        values=draw(st.sampled_from(values)),
-        seed=draw(st.integers(0, 2**32 - 1)),
-        q_layout=draw(st.sampled_from(q_layouts)),
-        kv_layout=draw(st.sampled_from(kv_layouts)),
-        index_layout=draw(st.sampled_from(index_layouts)),
+        page_layout=draw(fields.page_layout),
+        spare_pages=draw(fields.spare_pages),
+        pool_fill=draw(fields.pool_fill),
+        scale=draw(fields.scale),
+        values=draw(fields.values),
+        seed=draw(fields.seed),
+        q_layout=draw(fields.q_layout),
+        kv_layout=draw(fields.kv_layout),
+        index_layout=draw(fields.index_layout),
     )

@@ -150,3 +150,21 @@ def test_auto_workers_per_gpu_take_two_cores_each_up_to_the_measured_knee():
     assert gpus.workers_per_gpu("auto", 2, cores=32) == 8  # two H200s with 32 cores
     assert gpus.workers_per_gpu("auto", 1, cores=128) == gpus.MEASURED_KNEE
     assert gpus.workers_per_gpu("auto", 4, cores=8) == 1
+
+
+@pytest.mark.parametrize(("workers", "user_threads", "expected"), [(2, None, "share"), (64, None, 1), (2, "3", None)])
+def test_each_worker_takes_its_share_of_the_cores(monkeypatch, workers, user_threads, expected):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    if user_threads is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user_threads)
+    before = torch.get_num_threads()
+    try:
+        threads = gpus.share_cores()
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        assert threads == (share if expected == "share" else expected)
+        assert torch.get_num_threads() == (before if threads is None else threads)
+    finally:
+        torch.set_num_threads(before)

@@ -27,7 +27,7 @@ SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
 __all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "pin_this_worker",
-           "release_slots", "visible_gpu_ids", "workers_per_gpu"]
+           "release_slots", "share_cores", "visible_gpu_ids", "workers_per_gpu"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,24 @@ def auto_worker_count(device_choice: str, per_gpu: int | str) -> int | None:
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return count * workers_per_gpu(per_gpu, count) if count else None
+
+
+def share_cores() -> int | None:
+    """Worker side: give this xdist worker's torch its share of the cores, at least one thread.
+
+    torch sizes its thread pool for the whole machine in every process; N workers then run N
+    pools on the same cores, and an op above torch's parallel grain waits on threads that
+    other workers hold: 40x slower on a loaded 2-core machine. A user's ``OMP_NUM_THREADS``
+    wins. Returns the thread count set, or None where nothing was changed.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    import torch
+
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    torch.set_num_threads(threads)
+    return threads
 
 
 @contextlib.contextmanager

@@ -268,7 +268,7 @@ class SuiteRun:
         else:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
-            self.counter.listen_to_hypothesis()
+            gpus.share_cores()
 
     def _claims_dir(self, config: pytest.Config) -> Path:
         inherited = os.environ.get(CLAIMS_DIR_ENV) if is_xdist_worker(_xdist_role(config)) else None
@@ -336,7 +336,8 @@ class SuiteRun:
         sharded = callspec is not None and "hypothesis_shard" in callspec.params
         if sharded:
             shards.share_database_key(item)
-        with self.claims.watching(item) if sharded else contextlib.nullcontext(), \
+        with shards.wrapping_examples(item, self.counter.counting), \
+                self.claims.watching(item) if sharded else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.guard.shielding):
             yield
 

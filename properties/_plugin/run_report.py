@@ -1,7 +1,8 @@
 """The run report: the verdict first, then what each property ran on and how close to the bound it came.
 
 Each process (an xdist worker, or pytest itself without xdist) tallies every case a
-test builds and the worst err/bound Hypothesis was told about (``target``), and
+test builds, every example it runs and the worst err/bound Hypothesis was told about
+(``target``), and
 appends one JSON line per test item to ``reports/<run>/parts-*.jsonl`` with the
 item's outcome, tier, case file and error. At session end the controller merges the
 lines per property (shards together) into ``report.md``, ``report.json`` and one PNG
@@ -11,17 +12,21 @@ summary; both lead with the verdict (a failing run never looks green).
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .shards import property_name
+from hypothesis.errors import HypothesisException
+
+from .shards import example_targets, property_name
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "write_report"]
 
@@ -124,23 +129,35 @@ class ItemCounter:
         except ImportError:  # an old Hypothesis: statistics go without these labels
             pass
 
-    def observe_hypothesis(self, observation: Any) -> None:
-        """Hypothesis observability callback: count test cases and the targets they reported."""
-        if _field(observation, "type") != "test_case":
-            return
-        features = _field(observation, "features") or {}
-        targets = {k.removeprefix("target:"): float(v) for k, v in features.items()
-                   if k.startswith("target") and isinstance(v, (int, float))}
-        self.tally.add_observation(str(_field(observation, "status")), targets)
+    def counting(self, inner: Callable) -> Callable:
+        """``inner`` (a Hypothesis test's body, see ``shards.wrapping_examples``) counting each example it runs,
+        each that fails and the targets it reported.
 
-    def listen_to_hypothesis(self) -> bool:
-        """Register ``observe_hypothesis``; False where this Hypothesis has no observability callbacks."""
-        try:
-            from hypothesis.internal.observability import add_observability_callback
-        except ImportError:
-            return False
-        add_observability_callback(self.observe_hypothesis)
-        return True
+        Counted here rather than through Hypothesis's observability callbacks: those describe every
+        test case in full and cost about 10 ms an example, more than the rest of the suite's work.
+        An example rejected by ``assume`` is not counted.
+        """
+
+        @functools.wraps(inner)
+        def counted(*args, **kwargs):
+            status = "failed"
+            try:
+                result = inner(*args, **kwargs)
+                status = "passed"
+                return result
+            except HypothesisException:
+                status = "gave_up"
+                raise
+            except Exception:
+                raise
+            except BaseException:  # a skip (a stopped shard), an interrupt: no verdict on the example
+                status = "stopped"
+                raise
+            finally:
+                if status != "stopped":
+                    self.tally.add_observation(status, example_targets())
+
+        return counted
 
     def flush(self, directory: Path, worker: str, seconds: float, gpu: str | None = None, *,
               outcome: str | None = None, tier: str | None = None, case_file: str | os.PathLike | None = None,
@@ -165,10 +182,6 @@ class ItemCounter:
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / f"parts-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
             part.write(json.dumps(line) + "\n")
-
-
-def _field(observation: Any, name: str) -> Any:
-    return observation.get(name) if isinstance(observation, dict) else getattr(observation, name, None)
 
 
 # ---- outcomes and verdicts ------------------------------------------------------------------

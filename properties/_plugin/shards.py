@@ -218,6 +218,13 @@ def running_example() -> object | None:
     return None if getattr(context.data, "max_choices", None) == 0 else context
 
 
+def example_targets() -> dict[str, float]:
+    """The ``target()`` scores the running example reported so far, by label (empty outside an example)."""
+    example = running_example()
+    observations = getattr(getattr(example, "data", None), "target_observations", None) or {}
+    return {str(label): float(score) for label, score in observations.items()}
+
+
 def draw_in(example: object, strategy, label: str):
     """Draw from ``strategy`` inside ``example`` (as ``st.data()`` does): the value shrinks and replays with it."""
     return example.data.draw(strategy, label=label)
