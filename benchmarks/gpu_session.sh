@@ -3,6 +3,8 @@
 #   bash benchmarks/gpu_session.sh suite     # builder bits CPU==CUDA, our kernel (strict), SGLang, stage times
 #   bash benchmarks/gpu_session.sh panel     # the correct panel, >= 10,000 examples each (correct tier)
 #   bash benchmarks/gpu_session.sh faults    # the verbatim seed on every worker, a faulting kernel under -n0
+#   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto (cold, warm),
+#                                            # workers per GPU compared
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
 set -uo pipefail
@@ -15,7 +17,7 @@ step() {  # step NAME SECONDS COMMAND...: run, keep the last lines, record the e
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout -s INT -k 30 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local status=$?
   echo "== $name: exit $status in $((SECONDS - start)) s: $*" | tee -a "$OUT/summary.txt"
   tail -n 25 "$OUT/$name.log" | cut -c1-300 >>"$OUT/summary.txt"
@@ -42,21 +44,31 @@ suite)
   step sglang_whole_contract 120 "${PYTEST[@]}" properties/test_decode.py properties/test_edge_shapes.py \
     -n auto --workers-per-gpu=4 --hypothesis-profile=gpu --impl=adapters/sglang_decode.py:run
   ;;
+speed)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  nproc | sed 's/^/cores: /' | tee -a "$OUT/summary.txt"
+  step builder_bits 150 "${PYTEST[@]}" tests/test_builder.py -m gpu -n 0 -q --run-report=none
+  step stages 120 python3 benchmarks/throughput.py stages --device cuda --examples 300
+  # The plain command twice: the first run starts with cold Triton caches, the second with warm ones.
+  step plain_auto 300 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2 --no-warmup --out "$OUT"
+  step workers_per_gpu 200 python3 benchmarks/throughput.py scaling --gpus 1 --workers-per-gpu "${SWEEP:-4,8,16}" \
+    --max-examples 100 --no-warmup
+  ;;
 panel)
-  # The four panel runs at once, four workers per GPU each: 32 workers on a 32-core, 2-GPU host.
+  # One member at a time on all the workers -n auto gives (the plain command, --contract=correct); a member
+  # cut at its limit is interrupted (SIGINT), so its run report still counts the examples it ran.
   : >"$OUT/summary.txt"
   for impl in ${PANEL:-tests/impls/panel_*.py}; do
-    step "panel_$(basename "$impl" .py)" 330 "${PYTEST[@]}" properties -n auto --workers-per-gpu=4 \
-      --hypothesis-profile=gpu --contract=correct --max-examples=700 --failures-dir="failures-$(basename "$impl" .py)" \
-      --run-report="reports-$(basename "$impl" .py)" "--impl=$impl:run" &
+    name=$(basename "$impl" .py)
+    step "$name" "${PANEL_LIMIT:-130}" "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --contract=correct \
+      --max-examples="${PANEL_EXAMPLES:-900}" --failures-dir="failures-$name" --run-report="reports-$name" \
+      "--impl=$impl:run"
+    for report in "reports-$name"/*/report.md; do
+      echo "== $report" >>"$OUT/summary.txt"
+      grep -m1 '^\*\*' "$report" >>"$OUT/summary.txt"
+      grep -A4 '^| GPU' "$report" >>"$OUT/summary.txt"
+    done
   done
-  wait
-  for report in reports-panel_*/*/report.md; do  # examples per impl: the throughput table of each report
-    echo "== $report" >>"$OUT/summary.txt"
-    grep -A4 '^| GPU' "$report" >>"$OUT/summary.txt"
-  done
-  step sglang_as_served_more 240 "${PYTEST[@]}" properties -n auto --workers-per-gpu=8 --hypothesis-profile=gpu \
-    --max-examples=1500 --impl=adapters/sglang_decode.py:run_as_served
   ;;
 faults)
   : >"$OUT/summary.txt"
@@ -73,7 +85,7 @@ faults)
   tar czf "$OUT/failures.tgz" failures
   ;;
 *)
-  echo "usage: $0 suite|panel|faults" >&2
+  echo "usage: $0 suite|panel|faults|speed" >&2
   exit 2
   ;;
 esac

@@ -1,18 +1,21 @@
 """Examples per second: where the time of one example goes, and how the suite scales over GPUs.
 
     python benchmarks/throughput.py stages  [--device cuda] [--examples 400] [--case-sizes large] [--out DIR]
-    python benchmarks/throughput.py scaling [--gpus 1,2] [--max-examples 300] [--out DIR]
+    python benchmarks/throughput.py scaling [--gpus 1,2] [--workers-per-gpu auto|4,8,16] [--max-examples N]
+                                            [--repeat 2] [--no-warmup] [--out DIR]
 
-``stages`` runs default-size examples in this process and times each stage of one
-example: generation (Hypothesis drawing a case), build (tensors from the case, on the
-device), kernel (the implementation, synchronised), oracle (float64 ``attend``) and
-checks (the comparison against the bound). Target: 250 examples/s per H200.
+``stages`` runs default-size examples in this process and times each stage of every
+example, the suite's own stages (``properties.stages``): generation (Hypothesis drawing a
+case), build (tensors from the case, on the device), kernel (the implementation), oracle
+(float64 ``attend``) and checks (the comparison against the bound), the device
+synchronised at each stage's edges.
 
-``scaling`` runs the property suite under the nightly profile with a fixed number of
-examples per property (``--max-examples``), once on the first GPU and once on the first
-two (``CUDA_VISIBLE_DEVICES`` with ``-n auto``: one pinned worker per GPU), and prints
-examples/s and the ratio. Target: 1.8x on two GPUs. Both modes print a table and, with
-``--out``, write it as JSON.
+``scaling`` runs the property suite with a fixed number of examples per property
+(``--max-examples``), once on the first GPU and once on the first two
+(``CUDA_VISIBLE_DEVICES`` with ``-n auto``, ``--workers-per-gpu`` as given, default
+``auto``), and prints examples/s per GPU and the ratio. Targets (issue 12): 500 examples/s
+per H200 with the plain ``-n auto --hypothesis-profile=gpu``, 1.9x on two. Both modes print
+a table and, with ``--out``, write it as JSON.
 """
 
 from __future__ import annotations
@@ -28,49 +31,45 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-STAGES = ("generation", "build", "kernel", "oracle", "checks")
+from properties import stages  # noqa: E402 - after the path; imports neither torch nor triton
+
+STAGES = ("generation", *stages.STAGES)
 
 
 # ---- stages ---------------------------------------------------------------------------------
 
 
-def _synchronizer(device):
-    import torch
-
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
 def measure_stages(device, impl, limits, examples: int) -> dict[str, float]:
-    """Seconds spent in each stage over ``examples`` examples, plus the wall time."""
+    """Seconds spent in each stage over ``examples`` examples, plus the wall time.
+
+    The stages are the suite's own (``properties.stages``), timed in every example here.
+    """
+    import torch
     from hypothesis import HealthCheck, Phase, given, settings
 
     from properties.cases import build
+    from properties.checks import run_and_check
     from properties.strategies import decode_cases
-    from reference import attend, check_against_reference
 
-    sync = _synchronizer(device)
-    spent = dict.fromkeys(STAGES, 0.0)
-
-    def timed(stage, function, *args):
-        start = time.perf_counter()
-        result = function(*args)
-        sync()
-        spent[stage] += time.perf_counter() - start
-        return result
+    clock = stages.StageClock(every=1, synchronize=torch.cuda.synchronize if device.type == "cuda" else None)
+    kernel = stages.timed("kernel", impl)
 
     @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(case=decode_cases(limits=limits))
     def one_example(case):
-        inputs = timed("build", build, case, device)
-        output, lse = timed("kernel", impl, *inputs)
-        reference = timed("oracle", attend, *inputs)
-        timed("checks", check_against_reference, output, lse, reference)
-        spent["examples"] = spent.get("examples", 0) + 1
+        clock.begin_example()
+        run_and_check(kernel, build(case, device), str(case))
 
+    stages.install(clock)
     start = time.perf_counter()
-    one_example()
+    try:
+        one_example()
+    finally:
+        stages.uninstall()
     wall = time.perf_counter() - start
+    spent = clock.take()
+    spent["examples"] = spent.pop("sampled")
     spent["generation"] = wall - sum(spent[s] for s in STAGES[1:])  # Hypothesis: drawing, engine
     spent["wall"] = wall
     return spent
@@ -107,41 +106,55 @@ def run_stages(options) -> dict:
 # ---- scaling --------------------------------------------------------------------------------
 
 
-def _suite_run(gpus: int, options, report_root: Path, max_examples: int) -> dict:
-    """One pytest run of the property suite on the first ``gpus`` GPUs; examples counted by the run report."""
+def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, workers_per_gpu: str) -> dict:
+    """One pytest run of the property suite on the first ``gpus`` GPUs; examples counted by its run report."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_"))}
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(gpus))
-    env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
-    report_dir = report_root / f"gpus{gpus}"
+    if max_examples is not None:
+        env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
+    report_dir = report_root / f"gpus{gpus}-{time.time_ns()}"
     command = [sys.executable, "-m", "pytest", *options.paths, "-n", "auto", "-q", "-p", "no:cacheprovider",
-               f"--workers-per-gpu={options.workers_per_gpu}",
+               f"--workers-per-gpu={workers_per_gpu}",
                f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
                f"--failures-dir={report_root / 'failures'}", f"--impl={options.impl}"]
     start = time.perf_counter()
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    reports = sorted(report_dir.glob("*/report.json"))
-    merged = json.loads(reports[-1].read_text()) if reports else {}
-    examples = sum(entry["examples"] for entry in merged.values())
+    reports = sorted(report_dir.glob("*/run.json"))
+    run = json.loads(reports[-1].read_text()) if reports else {}
+    throughput = run.get("throughput", {})
+    examples = throughput.get("examples", 0)
     tail = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
     return {"gpus": gpus, "exit": result.returncode, "summary": tail[0], "wall_s": wall, "examples": examples,
             "examples_per_second": examples / wall if wall else 0.0,
-            "busy_s": sum(entry["seconds"] for entry in merged.values())}
+            "examples_per_second_per_gpu": examples / wall / gpus if wall else 0.0,
+            "tests_wall_s": throughput.get("wall"), "stages_ms_per_example": throughput.get("stages_ms_per_example"),
+            "workers": sum(g.get("workers", 0) for g in run.get("gpus", {}).values())}
 
 
 def run_scaling(options) -> dict:
     gpu_counts = [int(g) for g in options.gpus.split(",")]
     root = Path(options.out or tempfile.mkdtemp(prefix="gqa-scaling-")) / "scaling"
+    per_gpu = options.workers_per_gpu.split(",")
     if options.warmup:  # compile the kernel into every worker's Triton cache first
-        _suite_run(max(gpu_counts), options, root / "warmup", 2)
-    runs = [_suite_run(gpus, options, root, options.max_examples) for gpus in gpu_counts]
+        _suite_run(max(gpu_counts), options, root / "warmup", 2, per_gpu[0])
+    runs = [_suite_run(gpus, options, root, options.max_examples, workers)
+            for gpus in gpu_counts for workers in per_gpu for _ in range(options.repeat)]
     base = runs[0]["examples_per_second"] or 1.0
-    print(f"{options.profile} profile, {options.max_examples} examples per property, -n auto on the first N GPUs, "
-          f"{options.workers_per_gpu} workers per GPU")
-    print(f"{'GPUs':>5}{'examples':>10}{'wall s':>9}{'ex/s':>9}{'ratio':>7}  pytest")
+    per_property = options.max_examples if options.max_examples is not None else "the profile's"
+    print(f"{options.profile} profile, {per_property} examples per property, -n auto on the first N GPUs, "
+          f"--workers-per-gpu={options.workers_per_gpu}; wall is the whole pytest process, start-up included")
+    print(f"{'GPUs':>5}{'workers':>8}{'examples':>10}{'wall s':>9}{'start s':>8}{'ex/s':>9}{'per GPU':>9}{'ratio':>7}"
+          "  pytest")
     for run in runs:
-        print(f"{run['gpus']:>5}{run['examples']:>10}{run['wall_s']:>9.1f}{run['examples_per_second']:>9.1f}"
+        start_up = run["wall_s"] - run["tests_wall_s"] if run["tests_wall_s"] else float("nan")
+        print(f"{run['gpus']:>5}{run['workers']:>8}{run['examples']:>10}{run['wall_s']:>9.1f}{start_up:>8.1f}"
+              f"{run['examples_per_second']:>9.1f}{run['examples_per_second_per_gpu']:>9.1f}"
               f"{run['examples_per_second'] / base:>7.2f}  {run['summary']}")
+    for run in runs[-1:]:
+        if run["stages_ms_per_example"]:
+            print("stages of the last run, ms per example in one worker: " + ", ".join(
+                f"{name} {ms:.2f}" for name, ms in run["stages_ms_per_example"].items()))
     return {"profile": options.profile, "max_examples": options.max_examples,
             "workers_per_gpu": options.workers_per_gpu, "runs": runs}
 
@@ -155,14 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=400, help="stages: examples to time")
     parser.add_argument("--case-sizes", choices=("small", "large"), default=None, help="stages: case size limits")
     parser.add_argument("--gpus", default="1,2", help="scaling: GPU counts to compare, first is the baseline")
-    parser.add_argument("--max-examples", type=int, default=300, help="scaling: examples per property")
-    parser.add_argument("--profile", default="nightly", help="scaling: Hypothesis profile")
-    parser.add_argument("--workers-per-gpu", type=int, default=1, help="scaling: pinned xdist workers per GPU")
+    parser.add_argument("--max-examples", type=int, default=None,
+                        help="scaling: examples per property (default: the profile's)")
+    parser.add_argument("--profile", default="gpu", help="scaling: Hypothesis profile")
+    parser.add_argument("--workers-per-gpu", default="auto",
+                        help="scaling: pinned xdist workers per GPU, or auto; a comma-separated list compares them")
+    parser.add_argument("--repeat", type=int, default=1, help="scaling: runs per GPU count (the first may be cold)")
     parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling: test paths")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="scaling: skip the warm-up run")
     options = parser.parse_args(argv)
-    if options.examples < 1 or options.max_examples < 1:
-        parser.error("--examples and --max-examples must be positive")
+    if options.examples < 1 or (options.max_examples or 1) < 1 or options.repeat < 1:
+        parser.error("--examples, --max-examples and --repeat must be positive")
     result = run_stages(options) if options.mode == "stages" else run_scaling(options)
     if options.out:
         Path(options.out).mkdir(parents=True, exist_ok=True)

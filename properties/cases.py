@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from . import sibling
+from .stages import stage
 
 _contract = sibling("reference")
 DEFAULT_SM_SCALE, HEAD_DIM = _contract.DEFAULT_SM_SCALE, _contract.HEAD_DIM
@@ -542,7 +543,8 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
     Raises ``SuiteOutOfMemory`` when ``device`` cannot hold the case.
     """
     try:
-        inputs = _build(case, torch.device(device))
+        with stage("build"):
+            inputs = _build(case, torch.device(device))
     except (RuntimeError, MemoryError) as error:
         if not (_out_of_memory(error) or isinstance(error, MemoryError)):
             raise

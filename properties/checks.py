@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import NamedTuple
@@ -12,10 +13,13 @@ from hypothesis import note, settings, target
 
 from . import sibling
 from .cases import DecodeInputs
+from .stages import timed
 from .strategies import SizeLimits
 
 reference = sibling("reference")
-Reference, attend, assert_within_bound = reference.Reference, reference.attend, reference.assert_within_bound
+Reference = reference.Reference
+attend = timed("oracle", reference.attend)
+assert_within_bound = timed("checks", reference.assert_within_bound)
 _compare = sibling("reference.compare")
 
 
@@ -66,6 +70,7 @@ def assert_result_metadata(output: torch.Tensor, lse: torch.Tensor, inputs: Deco
         assert got == (shape, dtype, device), f"{context}\n{name} is {got}, expected {(shape, dtype, device)}"
 
 
+@functools.partial(timed, "checks")
 def assert_same_result(actual: tuple[torch.Tensor, torch.Tensor], expected: tuple[torch.Tensor, torch.Tensor],
                        context: str) -> None:
     """Output and lse bit for bit equal (lse skipped when the implementation returns none)."""
@@ -100,6 +105,7 @@ def snapshot(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
     }
 
 
+@functools.partial(timed, "checks")
 def assert_unchanged(inputs: DecodeInputs, before: dict[str, torch.Tensor], context: str) -> None:
     """Every input storage still holds the bits ``snapshot`` recorded."""
     __tracebackhide__ = True

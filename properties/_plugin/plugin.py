@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # noqa: E402
 
-from .. import cases  # noqa: E402
+from .. import cases, stages  # noqa: E402
 from ..strategies import SizeLimits  # noqa: E402
 from . import casefiles, knobs, profiles, run_report, shards  # noqa: E402
 from .containment import CudaContextLost, Guard, is_sticky_cuda_error  # noqa: E402
@@ -258,7 +258,10 @@ class SuiteRun:
         self.claims = shards.FailureClaims(self._claims_dir(config))
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
         cases.add_build_observer(self.recorder.note_build)
-        self.counter = run_report.ItemCounter()  # what each test item builds and how far it got
+        # What each test item builds, how far it got and where its time went.
+        synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
+        self.counter = run_report.ItemCounter(stages.StageClock(synchronize=synchronize))
+        stages.install(self.counter.clock)
         cases.add_build_observer(self.counter.observe_case)
         if is_xdist_controller(_xdist_role(config)):
             os.environ[RUN_ID_ENV] = state.run_id
@@ -284,6 +287,7 @@ class SuiteRun:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         cases.remove_build_observer(self.recorder.note_build)
         cases.remove_build_observer(self.counter.observe_case)
+        stages.uninstall()
         for directory, pattern in ((self.slots_dir, "*.lock"), (self.own_claims_dir, "*")):
             if directory is not None:
                 for path in directory.glob(pattern):
@@ -494,7 +498,7 @@ def impl(pytestconfig: pytest.Config) -> Callable:
     """The implementation under test (``--impl``): records its calls, draws its knobs, contains faults."""
     run = _suite_run(pytestconfig)
     function = _as_declared(run.state.target, run.knob_draws.applied_to(run.state.target.function))
-    return run.guard.wrap(function, run.recorder.note_call)
+    return stages.timed("kernel", run.guard.wrap(function, run.recorder.note_call))
 
 
 @pytest.fixture(autouse=True)

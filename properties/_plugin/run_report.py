@@ -26,6 +26,7 @@ from typing import Any
 
 from hypothesis.errors import HypothesisException
 
+from ..stages import SAMPLE_EVERY, STAGES, StageClock
 from .shards import example_targets, property_name
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "write_report"]
@@ -70,6 +71,7 @@ class Tally:
     worst: float | None = None
     seconds: float = 0.0
     counts: dict[str, Counter] = field(default_factory=lambda: {d: Counter() for d in DIMENSIONS})
+    stages: dict[str, float] = field(default_factory=dict)  # StageClock.take(): sampled examples, seconds
 
     def add_case(self, case: Any, pool_pages: int | None) -> None:
         lengths = case.lengths
@@ -99,7 +101,7 @@ class Tally:
     def as_json(self) -> dict:
         return {"nodeid": self.nodeid, "property": property_name(self.nodeid), "cases": self.cases,
                 "sequences": self.sequences, "examples": self.examples, "failed_examples": self.failed_examples,
-                "worst": self.worst, "seconds": self.seconds,
+                "worst": self.worst, "seconds": self.seconds, "stages": self.stages,
                 "counts": {d: dict(c) for d, c in self.counts.items()}}
 
 
@@ -107,12 +109,14 @@ class ItemCounter:
     """Counts what the running test item builds and what Hypothesis reports of it, one item at a time;
     the plugin owns one per process and flushes it to the part file when the item ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: StageClock | None = None) -> None:
         self.tally = Tally()
+        self.clock = clock or StageClock()
 
     def begin(self, nodeid: str) -> None:
         """Start counting for a new test item."""
         self.tally = Tally(nodeid=nodeid)
+        self.clock.take()  # drop what an earlier, unflushed item timed
 
     def observe_case(self, case: Any, inputs: Any) -> None:
         """Count a built case; also label it for ``--hypothesis-show-statistics``."""
@@ -140,6 +144,7 @@ class ItemCounter:
 
         @functools.wraps(inner)
         def counted(*args, **kwargs):
+            self.clock.begin_example()
             status = "failed"
             try:
                 result = inner(*args, **kwargs)
@@ -154,8 +159,8 @@ class ItemCounter:
                 status = "stopped"
                 raise
             finally:
-                if status != "stopped":
-                    self.tally.add_observation(status, example_targets())
+                if status != "stopped":  # the worst err/bound is over passing examples
+                    self.tally.add_observation(status, example_targets() if status == "passed" else {})
 
         return counted
 
@@ -171,7 +176,7 @@ class ItemCounter:
         stopped or crashed item may build none).
         """
         tally = self.tally
-        tally.seconds = seconds
+        tally.seconds, tally.stages = seconds, self.clock.take()
         if not tally.cases and outcome in (None, "passed"):
             return  # built no case: not a property of the suite
         if outcome is not None and outcome not in OUTCOMES:
@@ -364,7 +369,20 @@ def run_throughput(lines: list[dict]) -> dict:
     gpus = len({item["gpu"] for item in lines if item.get("gpu")}) or None
     rate = examples / wall if wall else None
     return {"examples": examples, "wall": wall, "gpus": gpus, "examples_per_second": rate,
-            "examples_per_second_per_gpu": rate / gpus if rate is not None and gpus else None}
+            "examples_per_second_per_gpu": rate / gpus if rate is not None and gpus else None,
+            "stages_ms_per_example": stage_breakdown(lines)}
+
+
+def stage_breakdown(lines: list[dict]) -> dict[str, float] | None:
+    """Milliseconds per example in each stage (``stages.STAGES``, from the sampled examples) and in
+    "generation", the rest of a worker's busy time (Hypothesis, the test body); None before any sample."""
+    sampled = sum(item.get("stages", {}).get("sampled", 0) for item in lines)
+    examples = sum(item.get("examples", 0) for item in lines)
+    if not sampled or not examples:
+        return None
+    spent = {name: 1e3 * sum(item.get("stages", {}).get(name, 0.0) for item in lines) / sampled for name in STAGES}
+    busy = 1e3 * sum(item.get("seconds", 0.0) for item in lines) / examples
+    return {"generation": max(busy - sum(spent.values()), 0.0), **spent, "total": busy}
 
 
 # ---- report.md ------------------------------------------------------------------------------
@@ -438,7 +456,19 @@ def _throughput(lines: list[dict]) -> list[str]:
     return ["", "## Throughput", "", summary, "",
             "| GPU | workers | items | examples | wall s | examples/s |", "|---|---:|---:|---:|---:|---:|",
             *(f"| {gpu} | {g['workers']} | {g['items']} | {g['examples']} | {_number(g['wall'], '.1f')} | "
-              f"{_number(g['examples_per_second'], '.1f')} |" for gpu, g in per_gpu.items())]
+              f"{_number(g['examples_per_second'], '.1f')} |" for gpu, g in per_gpu.items()),
+            *_stages(stage_breakdown(lines))]
+
+
+def _stages(breakdown: dict[str, float] | None) -> list[str]:
+    if breakdown is None:
+        return []
+    total = breakdown["total"]
+    rows = [f"| {name} | {ms:.2f} | {100 * ms / total:.0f}% |" for name, ms in breakdown.items() if name != "total"]
+    return ["", f"Where one worker's time goes (stages timed, the device synchronised, in one example "
+                f"of {SAMPLE_EVERY} at random):", "",
+            "| stage | ms/example | share |", "|---|---:|---:|", *rows,
+            f"| total | {total:.2f} | {1e3 / total:.0f} examples/s per worker |" if total else "| total | 0 | - |"]
 
 
 def _markdown(merged: dict[str, dict], run_id: str) -> str:
