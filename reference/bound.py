@@ -46,50 +46,55 @@ class SoftmaxTerms(NamedTuple):
 
 def gamma(steps: torch.Tensor, unit: float) -> torch.Tensor:
     """Higham's gamma_n = n u / (1 - n u), the relative error of n chained roundings; inf once n u >= 1."""
-    product = steps * unit
-    return torch.where(product < 1, product / (1 - product).clamp(min=1e-300), math.inf)
+    # As n / (1/u - n): the same rounding for a power-of-2 u, where both forms are exact up to the division.
+    return steps / (1 / unit - steps).clamp_(min=0.0)  # n u >= 1: n / +0 = inf
+
+
+_EXPONENT_AND_SIGN = -(1 << 52)  # 0xFFF0...0 as int64: a float64's sign and exponent bits, no mantissa
+_SMALLEST_HALF_ULP = 2.0**-134  # half the spacing of bf16 subnormals
+
+
+def _half_ulp(x: torch.Tensor) -> torch.Tensor:
+    """``half_ulp_bf16`` for any x but -inf and NaNs with the sign bit set (those give 2**-134 here)."""
+    # x in [2**e, 2**(e+1)) has bf16 spacing 2**(e-7): half of it is x with its mantissa bits cleared, over 2**8.
+    power = (x.view(torch.int64) & _EXPONENT_AND_SIGN).view(torch.float64)  # +-2**e, +-inf, or +-0
+    return power.mul_(2.0**-8).clamp_(min=_SMALLEST_HALF_ULP)  # x <= 0 and below bf16's normals: 2**-134
 
 
 def half_ulp_bf16(x: torch.Tensor) -> torch.Tensor:
     """Largest error of rounding any value of magnitude <= x to bf16 (nearest even); float64 in and out."""
-    _, exponent = torch.frexp(x)  # x = mantissa * 2**exponent, mantissa in [0.5, 1)
-    exponent = torch.where(x > 0, exponent, -125).clamp(min=-125)  # bf16 subnormals are 2**-133 apart
-    return torch.where(torch.isfinite(x), torch.ldexp(torch.ones_like(x), exponent - 9), math.inf)
+    return _half_ulp(x.nan_to_num(nan=math.inf, posinf=math.inf, neginf=math.inf))  # inf for infinite and NaN x
 
 
-def _token_mask(terms: SoftmaxTerms) -> torch.Tensor:
-    """[b, 1, 1, L]: the tokens each sequence owns."""
-    token = torch.arange(terms.logits.shape[-1], device=terms.logits.device)
-    return (token < terms.lengths[:, None])[:, None, None, :]
-
-
-def _rescales(terms: SoftmaxTerms) -> torch.Tensor:
-    """[b]: running-max rescales after a token's own exp, at most one per block of MIN_BLOCK tokens."""
-    return torch.div(terms.lengths + MIN_BLOCK - 1, MIN_BLOCK, rounding_mode="floor").double()
-
-
-def _largest_logit(terms: SoftmaxTerms, valid: torch.Tensor) -> torch.Tensor:
-    """[b, g, j, 1]: S = max_l |s_l| over each sequence's tokens (0 for empty sequences)."""
-    return torch.where(valid, terms.logits.abs(), 0.0).amax(dim=-1, keepdim=True)
-
-
-def _token_logit_error(terms: SoftmaxTerms, valid: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
+def _token_logit_error(terms: SoftmaxTerms, abs_logits: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
     """§2 Bound on |log(p_hat / p)| for each exp(s_l - m_block) as computed, natural-log units ([b, g, j, L]).
 
-    ``largest`` is ``_largest_logit(terms, valid)``.
+    ``abs_logits`` is |s|, 0 past the end; ``largest`` is S. Past the end the result is the smallest of the
+    head's (M = 0 and |s| = 0 there): left unmasked, it never raises a maximum over tokens.
     """
-    logits = torch.where(valid, terms.logits, 0.0)
-    error = (
-        (DOT_GAMMA + 2 * U32) * terms.logit_magnitude  # dot product, then the scale
-        + 4 * U32 * (logits.abs() + largest)  # forming (s - m_block) * log2(e)
-        + EXP_REL  # exp2 itself
-    )
-    return torch.where(valid, error, 0.0)
+    dot_product = (DOT_GAMMA + 2 * U32) * terms.logit_magnitude  # dot product, then the scale
+    # + 4 U32 (|s| + S), forming (s - m_block) * log2(e); alpha is a power of 2: the same rounding
+    error = torch.add(dot_product, abs_logits + largest, alpha=4 * U32)
+    return error.add_(EXP_REL)  # exp2 itself
 
 
 def _rescale_error(rescales: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
-    """§2 Bound on the error all later running-max rescales add to one token, natural-log units ([b, g, j, 1])."""
-    return EXP_REL * rescales[:, None, None, None] + 8 * U32 * largest
+    """§2 Bound on the error all later running-max rescales add to one token, in units of EXP_REL ([b, g, j, 1]).
+
+    R EXP_REL + 8 U32 S is EXP_REL (R + S 8 U32 / EXP_REL); with both constants powers of 2, the caller's
+    multiply-add by EXP_REL rounds it exactly as the sum of the two terms.
+    """
+    return torch.add(rescales, largest, alpha=8 * U32 / EXP_REL)
+
+
+def _tie_counts(key: torch.Tensor, token_error: torch.Tensor) -> torch.Tensor:
+    """``near_tie_counts`` as int64, from ``key``: log2 of the weights, -inf where a weight is 0."""
+    # NEAR_TIE_LOG2 + 2 max(E_tok) / ln 2, dividing by ln(2) / 2 instead (the same rounding: powers of 2 are exact)
+    window = token_error.amax(dim=-1, keepdim=True).div_(math.log(2.0) / 2).add_(NEAR_TIE_LOG2)
+    ordered = key.sort(dim=-1).values  # searchsorted batches over the leading dims
+    above = torch.searchsorted(ordered, key + window, right=True)
+    below = torch.searchsorted(ordered, key - window, right=False)
+    return above.sub_(below)
 
 
 def near_tie_counts(weights: torch.Tensor, token_error: torch.Tensor) -> torch.Tensor:
@@ -98,93 +103,104 @@ def near_tie_counts(weights: torch.Tensor, token_error: torch.Tensor) -> torch.T
     Near ties: exact weights within a ratio of 1 + 2**-12, widened by the per-token
     logit errors that may bring two computed weights closer than the exact ones.
     """
-    key = torch.where(weights > 0, weights.log2(), -math.inf)
-    window = NEAR_TIE_LOG2 + 2.0 * token_error.amax(dim=-1, keepdim=True) / math.log(2.0)
-    ordered = key.sort(dim=-1).values.flatten(0, 2).contiguous()
-    above = torch.searchsorted(ordered, (key + window).flatten(0, 2).contiguous(), right=True)
-    below = torch.searchsorted(ordered, (key - window).flatten(0, 2).contiguous(), right=False)
-    return (above - below).reshape(key.shape).double()
+    # log2(w), and -inf where w is not positive (log2 gives -inf at 0, NaN below 0 and for NaN)
+    key = torch.log2(weights).nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    return _tie_counts(key, token_error).double()
 
 
-def _value_extremes(terms: SoftmaxTerms, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Largest and smallest V entry over each sequence's tokens, [b, g, 1, d] each (0 for empty sequences)."""
-    valid = valid[:, 0, 0, :, None, None]  # [b, L, 1, 1]
-    high = torch.where(valid, terms.values, -math.inf).amax(1)[:, :, None, :]
-    low = torch.where(valid, terms.values, math.inf).amin(1)[:, :, None, :]
-    empty = (terms.lengths == 0)[:, None, None, None]
-    return torch.where(empty, 0.0, high), torch.where(empty, 0.0, low)
-
-
-# float64 elements of |v - o| formed at once in _weighted_deviation: 2**25 (256 MiB).
+# float64 elements of |v - o| formed at once in _logit_term: 2**25 (256 MiB).
 _DEVIATION_ELEMENTS = 1 << 25
 
 
-def _weighted_deviation(coefficients: torch.Tensor, by_group: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    """sum_l a[b,g,j,l] |v[b,g,l,d] - o[b,g,j,d]| ([b, g, j, d]), as many query heads at a time as fit the budget."""
-    heads = output.shape[2]
+def _logit_term(
+    coefficients: torch.Tensor, by_group: torch.Tensor, output: torch.Tensor, padding: torch.Tensor
+) -> torch.Tensor:
+    """§3 min(sum_l a_l |v_l - o|, max_l |v_l - o|) over each sequence's tokens ([b, g, j, d]).
+
+    ``coefficients`` a [b, g, j, L] (0 past the end), ``by_group`` V [b, g, L, d], ``padding`` [b, 1, 1, L].
+    |v - o| ([b, g, s, L, d]) is formed for as many query heads at a time as fit the budget. Slots past the
+    end take their sequence's first row: a is 0 there, and the maximum runs over the sequence's own tokens
+    (an empty sequence's first row is padding, 0, as is its output).
+    """
+    count, groups, heads, length = coefficients.shape
+    filled = torch.where(padding.transpose(2, 3), by_group[:, :, :1], by_group)[:, :, None]  # [b, g, 1, L, d]
     step = max(1, min(heads, _DEVIATION_ELEMENTS // max(by_group.numel(), 1)))
     parts = []
     for head in range(0, heads, step):
-        deviation = (by_group[:, :, None] - output[:, :, head:head + step, None, :]).abs_()  # [b, g, s, L, d]
-        parts.append(torch.matmul(coefficients[:, :, head:head + step, None, :], deviation)[..., 0, :])
+        a, o = coefficients, output
+        if step < heads:
+            a, o = a[:, :, head:head + step], o[:, :, head:head + step]
+        deviation = (filled - o[:, :, :, None]).abs_()  # [b, g, s, L, d]
+        rows = deviation.shape[:3].numel()  # one (sequence, KV head, query head) each
+        weighted = torch.bmm(a.reshape(rows, 1, length), deviation.view(rows, length, HEAD_DIM)).view_as(o)
+        parts.append(torch.minimum(weighted, deviation.amax(dim=3)))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
     """Allowed |output - reference| per element ([b, g, j, d]) and |lse - reference| per head, base 2 ([b, g, j]).
 
-    Both are 0 for empty sequences, whose output (0) and LSE (-inf) are exact.
+    Both are 0 for empty sequences, whose output (0) and LSE (-inf) are exact. Their intermediates may be
+    infinite (log2 0, |LSE|): every quantity is per sequence, and the last step masks them.
     """
-    valid = _token_mask(terms)
-    nonempty = terms.lengths > 0
-    w, v, o = terms.weights, terms.values, terms.output
-    v_by_group = v.permute(0, 2, 1, 3)  # [b, g, L, d]: the right operand of batched matmuls
-    largest, rescales = _largest_logit(terms, valid), _rescales(terms)
+    w, o = terms.weights, terms.output
+    count, groups, heads, length = w.shape
+    lengths = terms.lengths.view(-1, 1, 1, 1)  # per sequence: [b, 1, 1, 1]
+    padding = torch.arange(length, device=w.device) >= lengths  # [b, 1, 1, L]: past each sequence's end
+    lengths = lengths.double()
+    rescales = (lengths / MIN_BLOCK).ceil_()  # R: at most one running-max rescale per block of MIN_BLOCK tokens
+    v = terms.values.permute(0, 2, 1, 3)  # [b, g, L, d]
+    abs_v = v.abs()
+    abs_v_by_head = abs_v.view(count * groups, length, HEAD_DIM)  # the right operand of bmm
+    largest_v = abs_v.amax(dim=2, keepdim=True)  # max_l |v_l| ([b, g, 1, d]): the padding's 0 never raises it
 
     # §2 Logit errors: per token, then with every later running-max rescale.
-    token_error = _token_logit_error(terms, valid, largest)
-    error = torch.where(valid, token_error + _rescale_error(rescales, largest), 0.0)
+    abs_logits = terms.logits.abs().masked_fill_(padding, 0.0)
+    largest = abs_logits.amax(dim=-1, keepdim=True)  # S ([b, g, j, 1]; 0 for empty sequences)
+    token_error = _token_logit_error(terms, abs_logits, largest)
+    # Past the end E stays unmasked: there w = 0, so log(w) + E = -inf and every product with w is 0.
+    error = torch.add(token_error, _rescale_error(rescales, largest), alpha=EXP_REL)
 
     # §3 Weight perturbation: w_hat_l / w_l lies within exp(+-D_l), D_l = E_l + A.
-    spread = torch.logsumexp(torch.where(w > 0, w.log() + error, -math.inf), dim=-1, keepdim=True)
-    spread = torch.where(torch.isfinite(spread), spread, 0.0)  # A; 0 for empty sequences
-    weight_error = (error + spread).clamp(max=MAX_LOG_ERROR)  # D
-    high, low = _value_extremes(terms, valid)
-    logit_term = torch.minimum(
-        _weighted_deviation(w * torch.expm1(weight_error), v_by_group, o), torch.maximum(high - o, o - low)
-    )
+    spread = torch.logsumexp(torch.log(w).add_(error), dim=-1, keepdim=True)
+    spread = spread.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # A; 0 for empty sequences
+    weight_error = error.add_(spread).clamp_(max=MAX_LOG_ERROR)  # D
+    coefficients = torch.expm1(weight_error).mul_(w)  # w (e^D - 1)
+    logit_term = _logit_term(coefficients, v, o, padding)
 
     # §4 P rounded to bf16 before P.V, against an unrounded normaliser.
-    w_hat = torch.minimum(w * weight_error.exp(), torch.ones_like(w))
-    largest_v = torch.maximum(high.abs(), low.abs())
-    abs_weighted_v = torch.minimum(torch.matmul(w_hat, v_by_group.abs()), largest_v)
-    worst_case = U_BF16 * abs_weighted_v
-    ties = near_tie_counts(w, token_error)
-    independent = HOEFFDING_LAMBDA * U_BF16 * torch.matmul(ties * w_hat**2, v_by_group**2).sqrt()
-    p_rounding_term = torch.minimum(worst_case, independent)
+    w_hat = coefficients.add_(w).clamp_(max=1.0).view(count * groups, heads, length)  # min(w e^D, 1)
+    abs_weighted_v = torch.minimum(torch.bmm(w_hat, abs_v_by_head).view_as(o), largest_v)
+    # w >= 0, so log2(w) is the key near_tie_counts forms (a NaN weight makes its head's bound NaN anyway)
+    ties = _tie_counts(torch.log2(w), token_error).view_as(w_hat)
+    independent = torch.bmm(w_hat.square_().mul_(ties), abs_v_by_head.square_()).view_as(o)  # v^2 = |v|^2
+    # T_P = min(worst case, independent) = U_BF16 min(sum w_hat |v|, lambda sqrt(sum n w_hat^2 v^2))
+    p_rounding_over_u = torch.minimum(abs_weighted_v, independent.sqrt_().mul_(HOEFFDING_LAMBDA))
 
     # §5 float32 sums of numerator and denominator, any order and blocking, then one division.
-    steps = gamma(terms.lengths.double() - 1 + rescales + 4, U_ACC)[:, None, None, None]
-    numerator_term = steps * (1 + U_BF16) * abs_weighted_v
-    quotient = o.abs() + logit_term + p_rounding_term + numerator_term
-    denominator_term = quotient * steps / (1 - steps)
-    division_term = 8 * U32 * (quotient + denominator_term)  # approximate division: 2 ulp, or rcp + mul
+    steps = gamma(lengths + rescales + 3, U_ACC)  # gamma_N, N = L - 1 + R + 4
+    # T_logit + T_P + T_num, T_num = gamma_N (1 + U_BF16) sum w_hat |v| (the sum capped as above)
+    partial = logit_term.add_(p_rounding_over_u, alpha=U_BF16).addcmul_(abs_weighted_v, steps, value=1 + U_BF16)
+    abs_o = o.abs()
+    quotient = abs_o + partial  # Q
+    # T_den = Q gamma / (1 - gamma) and T_div = 8 U32 (Q + T_den) (approximate division: 2 ulp, or rcp and
+    # multiply) add up to Q (gamma + 8 U32) / (1 - gamma).
+    before_rounding = partial.addcmul_(quotient, (steps + 8 * U32) / (1 - steps))
 
-    # §6 Values below the smallest normal float32 may be flushed to zero at every step.
-    flushed = TINY * (terms.lengths[:, None, None, None] * (1 + largest_v) + 1)
+    # §6 Values below the smallest normal float32 may be flushed to zero at every step: TINY (L (1 + max|v|) + 1).
+    before_rounding.addcmul_(largest_v + 1, lengths, value=TINY).add_(TINY)
 
     # §7 The output rounded to bf16.
-    before_rounding = logit_term + p_rounding_term + numerator_term + denominator_term + division_term + flushed
-    output_bound = before_rounding + half_ulp_bf16(o.abs() + before_rounding)
+    # (|o| + pre is a magnitude, or NaN where pre is NaN: no need for half_ulp_bf16's mapping of NaN to inf)
+    output_bound = before_rounding + _half_ulp(abs_o.add_(before_rounding))
 
-    # §8 LSE, base 2: logit errors, the accumulated normaliser, forming m log2(e) + log2(l).
-    natural = spread[..., 0] - torch.log1p(-steps[..., 0].clamp(max=1.0))
-    peak = largest[..., 0]
-    log2_sum = torch.log2(terms.lengths.clamp(min=1).double())[:, None, None] + 1
-    forming = 4 * U32 * (peak / math.log(2.0) + terms.lse_natural.abs() / math.log(2.0) + log2_sum) + LOG2_ABS
-    lse_bound = natural / math.log(2.0) + forming
+    # §8 LSE, base 2: logit errors, the accumulated normaliser, forming m log2(e) + log2(l):
+    # (A - ln(1 - gamma)) / ln 2 + 4 U32 (S / ln 2 + |LSE| + log2 L + 1) + LOG2_ABS, |LSE| = |lse_natural| / ln 2,
+    # as A + 4 U32 (S + |lse_natural|) over ln 2, plus the per-sequence rest.
+    per_sequence = torch.log2(lengths).mul_(4 * U32).add_(4 * U32 + LOG2_ABS)
+    per_sequence.add_(torch.log1p(-steps.clamp(max=1.0)), alpha=-1 / math.log(2.0))
+    per_head = torch.add(spread, largest + terms.lse_natural.abs()[..., None], alpha=4 * U32)
+    lse_bound = per_sequence.add(per_head, alpha=1 / math.log(2.0))
 
-    return (
-        torch.where(nonempty[:, None, None, None], output_bound, 0.0),
-        torch.where(nonempty[:, None, None], lse_bound, 0.0),
-    )
+    empty = padding[..., :1]  # L = 0
+    return output_bound.masked_fill_(empty, 0.0), lse_bound.masked_fill_(empty, 0.0)[..., 0]

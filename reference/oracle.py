@@ -65,43 +65,62 @@ def _chunks(lengths: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _gather(cache: torch.Tensor, pages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Rows of ``cache`` at ``pages`` as float64, zero where not ``valid`` (junk pages never leak)."""
-    if cache.shape[0] == 0:  # an empty pool: nothing is valid
-        return torch.zeros((*pages.shape, NUM_KV_HEADS, HEAD_DIM), dtype=torch.float64, device=cache.device)
-    return torch.where(valid[:, :, None, None], cache[pages, 0].double(), 0.0)
+def _pages(
+    kv_indices: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, longest: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Page id of every token slot ([b, L], kv_indices' dtype), and [b, 1, 1, L]: True past a sequence's end.
+
+    Slots past the end read some referenced page (page 0 without any): their rows are masked by the caller.
+    """
+    token = torch.arange(longest, device=starts.device)
+    padding = token >= lengths.view(-1, 1, 1, 1)
+    position = starts[:, None] + token
+    if not kv_indices.numel():  # no pages at all: every slot is padding, at position 0
+        return position, padding
+    return kv_indices[position.clamp_(max=kv_indices.shape[0] - 1)], padding
+
+
+def _rows(cache: torch.Tensor, pages: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """``cache[pages]`` ([b, L, 1, 4, 128]) as float64, axes permuted by ``order``, laid out contiguously.
+
+    One copy converts and transposes into the layout the batched matmuls take.
+    """
+    if cache.shape[0] == 0:  # an empty pool: every slot is padding
+        shape = (*pages.shape, 1, NUM_KV_HEADS, HEAD_DIM)
+        return torch.zeros([shape[axis] for axis in order], dtype=torch.float64, device=cache.device)
+    return cache[pages].permute(order).to(torch.float64, memory_format=torch.contiguous_format)
 
 
 def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, longest) -> Reference:
     """Oracle for one run of sequences; ``starts``/``lengths`` are int64 on q's device, ``longest`` their maximum."""
     count = lengths.shape[0]
     longest = max(longest, 1)  # one masked column keeps reductions non-empty (known on the host: no sync)
-    token = torch.arange(longest, device=q.device)
-    valid = token[None, :] < lengths[:, None]  # [b, L]
-    position = torch.where(valid, starts[:, None] + token[None, :], 0)
-    pages = kv_indices[position.clamp(max=max(kv_indices.shape[0] - 1, 0))] if kv_indices.numel() else position
-    pages = pages.long()
-    keys = _gather(k_cache, pages, valid)  # [b, L, 4, 128]
-    values = _gather(v_cache, pages, valid)
-    queries = q.double().view(count, NUM_KV_HEADS, GROUP, HEAD_DIM)
+    heads = count * NUM_KV_HEADS  # the batch of every matmul: one (sequence, KV head) pair each
+    pages, padding = _pages(kv_indices, starts, lengths, longest)
+    # K as [b * g, d, L] and V as [b, g, L, d]: the operands torch.matmul would hand bmm. K keeps the rows
+    # slots past the end read (junk, even NaN, without referenced pages): they only reach masked columns.
+    keys = _rows(k_cache, pages, (0, 2, 3, 4, 1)).reshape(heads, HEAD_DIM, longest)
+    values = _rows(v_cache, pages, (0, 2, 3, 1, 4)).reshape(count, NUM_KV_HEADS, longest, HEAD_DIM)
+    values.masked_fill_(padding.transpose(2, 3), 0.0)
+    queries = q.double().reshape(heads, GROUP, HEAD_DIM)
 
-    mask = valid[:, None, None, :]  # [b, 1, 1, L]
-    keys_by_group = keys.permute(0, 2, 3, 1)  # [b, g, d, L]: one batched matmul per product below
-    logits = torch.where(mask, scale * torch.matmul(queries, keys_by_group), -math.inf)
+    shape = (count, NUM_KV_HEADS, GROUP, longest)  # [b, g, j, L]
+    logits = torch.bmm(queries, keys).view(shape).mul_(scale).masked_fill_(padding, -math.inf)
     lse_natural = torch.logsumexp(logits, dim=-1)  # -inf for empty sequences
-    empty = (lengths == 0)[:, None, None]
-    weights = torch.where(mask & ~empty[..., None], torch.exp(logits - lse_natural[..., None]), 0.0)
-    output = torch.matmul(weights, values.permute(0, 2, 1, 3))  # [b, g, j, L] @ [b, g, L, d]
+    # exp(-inf - lse) is 0 past the end of a non-empty sequence; an empty one's NaN (-inf - -inf) is masked.
+    weights = (logits - lse_natural[..., None]).exp_().masked_fill_(padding, 0.0)
+    output = torch.bmm(weights.view(heads, GROUP, longest), values.view(heads, longest, HEAD_DIM))
+    magnitude = torch.bmm(queries.abs(), keys.abs_()).view(shape).mul_(abs(scale)).masked_fill_(padding, 0.0)
 
-    logit_magnitude = torch.where(mask, abs(scale) * torch.matmul(queries.abs(), keys_by_group.abs()), 0.0)
     terms = SoftmaxTerms(
-        logits=logits, weights=weights, values=values, output=output,
-        logit_magnitude=logit_magnitude, lse_natural=lse_natural, lengths=lengths,
+        logits=logits, weights=weights, values=values.permute(0, 2, 1, 3),
+        output=output.view(count, NUM_KV_HEADS, GROUP, HEAD_DIM),
+        logit_magnitude=magnitude, lse_natural=lse_natural, lengths=lengths,
     )
     output_bound, lse_bound = error_bounds(terms)
     return Reference(
-        output=output.reshape(count, NUM_QO_HEADS, HEAD_DIM),
-        lse=(lse_natural / math.log(2.0)).reshape(count, NUM_QO_HEADS),
+        output=output.view(count, NUM_QO_HEADS, HEAD_DIM),
+        lse=(lse_natural / math.log(2.0)).view(count, NUM_QO_HEADS),
         output_bound=output_bound.reshape(count, NUM_QO_HEADS, HEAD_DIM),
         lse_bound=lse_bound.reshape(count, NUM_QO_HEADS),
     )
@@ -123,11 +142,13 @@ def attend(
     """
     scale = float32_scale(sm_scale)
     indptr = kv_indptr.long()
-    lengths_all = indptr[1:] - indptr[:-1]
-    parts = [  # the one host sync: the lengths, for chunking and padding
-        _attend_chunk(q[a:b], k_cache, v_cache, indptr[a:b], lengths_all[a:b], kv_indices, scale, longest)
-        for a, b, longest in _chunks(lengths_all.tolist())
+    starts = indptr[:-1]
+    lengths = indptr[1:] - starts
+    runs = _chunks(lengths.tolist())  # the one host sync: the lengths, for chunking and padding
+    if len(runs) == 1:  # the whole batch at once: no slices
+        return _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, runs[0][2])
+    parts = [
+        _attend_chunk(q[a:b], k_cache, v_cache, starts[a:b], lengths[a:b], kv_indices, scale, longest)
+        for a, b, longest in runs
     ]
-    if len(parts) == 1:
-        return parts[0]
     return Reference(*(torch.cat(field) for field in zip(*parts)))
