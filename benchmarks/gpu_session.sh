@@ -47,10 +47,14 @@ suite)
 speed)
   nvidia-smi -L | tee "$OUT/summary.txt"
   nproc | sed 's/^/cores: /' | tee -a "$OUT/summary.txt"
-  step builder_bits 150 "${PYTEST[@]}" tests/test_builder.py -m gpu -n 0 -q --run-report=none
-  step stages 120 python3 benchmarks/throughput.py stages --device cuda --examples 300
+  step builder_bits 90 "${PYTEST[@]}" tests/test_builder.py -m gpu -n 0 -q --run-report=none
+  step stages 100 python3 benchmarks/throughput.py stages --device cuda --examples 300
   # The plain command twice: the first run starts with cold Triton caches, the second with warm ones.
-  step plain_auto 300 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2 --no-warmup --out "$OUT"
+  step plain_auto 220 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2 --no-warmup --out "$OUT"
+  if [ -n "${BEFORE:-}" ]; then  # an older checkout of the suite (git archive into BEFORE), for the before/after table
+    step before_plain_auto 150 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 \
+      --profile gpu --workers-per-gpu 8 --max-examples 300 --no-warmup"
+  fi
   step workers_per_gpu 200 python3 benchmarks/throughput.py scaling --gpus 1 --workers-per-gpu "${SWEEP:-4,8,16}" \
     --max-examples 100 --no-warmup
   ;;
@@ -67,6 +71,7 @@ panel)
       echo "== $report" >>"$OUT/summary.txt"
       grep -m1 '^\*\*' "$report" >>"$OUT/summary.txt"
       grep -A4 '^| GPU' "$report" >>"$OUT/summary.txt"
+      { echo "# $name"; cat "$report"; } >>"$OUT/panel_reports.md"  # one file: few files come back
     done
   done
   ;;
