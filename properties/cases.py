@@ -210,10 +210,15 @@ def _two_fields(hashes: torch.Tensor) -> torch.Tensor:
     return (hashes & 0xFFFF).add_(_shr(hashes, 16).bitwise_and_(0xFFFF))
 
 
-def _four_fields(key: int, start: int, count: int, device: torch.device) -> torch.Tensor:
-    """Element i: the four 16-bit halves of hashes ``start + i`` and ``start + count + i`` summed, centred:
-    integers in [-131070, 131070]. Both hashes in one pass (a GPU build is dominated by launches)."""
-    first, second = _two_fields(_hashes(key, start, 2 * count, device)).view(2, count)
+def _four_fields(key: int, start: int, count: int, device: torch.device, a: int = 0, n: int | None = None
+                 ) -> torch.Tensor:
+    """Elements ``a .. a + n`` (default: all) of a draw of ``count``: element i is the four 16-bit halves of
+    hashes ``start + i`` and ``start + count + i`` summed, centred: integers in [-131070, 131070]."""
+    n = count - a if n is None else n
+    if n == count:  # the whole draw: both counter ranges in one pass (a GPU build is dominated by launches)
+        first, second = _two_fields(_hashes(key, start, 2 * count, device)).view(2, count)
+    else:  # a CPU chunk: the same two counter ranges, cut to it
+        first, second = (_two_fields(_hashes(key, start + offset + a, n, device)) for offset in (0, count))
     return first.add_(second).sub_(2 * 0xFFFF)
 
 
@@ -247,11 +252,7 @@ class _Stream:
         step = _CPU_CHUNK if self.device.type == "cpu" else max(count, 1)
         for a in range(0, count, step):
             n = min(step, count - a)
-            if n == count:
-                ints = _four_fields(self.key, start, count, self.device)
-            else:  # a CPU chunk: the same two counter ranges, cut to this chunk
-                ints = _two_fields(_hashes(self.key, start + a, n, self.device)).add_(
-                    _two_fields(_hashes(self.key, start + count + a, n, self.device))).sub_(2 * 0xFFFF)
+            ints = _four_fields(self.key, start, count, self.device, a, n)
             flat[a:a + n].copy_(ints).mul_(_NORMAL_SCALE)  # int -> float32 exact (|ints| < 2**24), one rounding
         return tuple(piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes))
 

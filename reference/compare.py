@@ -103,8 +103,9 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, bound: torc
         actual_cpu, expected_cpu = actual.detach().cpu(), expected.detach().cpu()
         off = _bits(actual_cpu) != _bits(expected_cpu)
         ratio = torch.where(off, math.inf, 0.0)
-        worst = int(torch.nonzero(off.flatten())[0]) if bool(off.any()) else 0
-        err = None
+        count = int(off.sum())
+        worst = int(torch.nonzero(off.flatten())[0]) if count else 0
+        worst_ratio, err = (math.inf if count else 0.0), None
     else:
         actual_cpu, expected_cpu = actual, expected
         err, ratio = error_ratio(actual, expected, bound)
@@ -116,18 +117,14 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, bound: torc
         at_worst = flat.argmax()
         count, worst, worst_ratio = torch.stack([off.sum().double(), at_worst.double(), flat[at_worst]]).tolist()
         count, worst = int(count), int(worst)
-        if not count:
-            return Mismatch(name, 0, off.numel(), worst_ratio, axes=axes)
-    count, total = int(off.sum()), off.numel()
     if not count:
-        worst_ratio = float(ratio.flatten()[worst]) if ratio.numel() else 0.0
-        return Mismatch(name, 0, total, worst_ratio, axes=axes)
+        return Mismatch(name, 0, off.numel(), worst_ratio, axes=axes)
 
     def at(tensor: torch.Tensor) -> float:
         return float(tensor.flatten()[worst])
 
     return Mismatch(
-        name, count, total, at(ratio), _unravel(worst, expected.shape), at(actual_cpu), at(expected_cpu),
+        name, count, off.numel(), at(ratio), _unravel(worst, expected.shape), at(actual_cpu), at(expected_cpu),
         err=at(err) if err is not None else math.inf, bound=at(bound) if bound is not None else None, axes=axes,
     )
 
