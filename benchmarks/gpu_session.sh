@@ -3,8 +3,8 @@
 #   bash benchmarks/gpu_session.sh suite     # builder bits CPU==CUDA, our kernel (strict), SGLang, stage times
 #   bash benchmarks/gpu_session.sh panel     # the correct panel, >= 10,000 examples each (correct tier)
 #   bash benchmarks/gpu_session.sh faults    # the verbatim seed on every worker, a faulting kernel under -n0
-#   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto (cold, warm),
-#                                            # workers per GPU compared
+#   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage and oracle times, the plain -n auto
+#                                            # (cold, warm); BEFORE=dir adds an older checkout, SWEEP=4,8,16 workers
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
 set -uo pipefail
@@ -47,16 +47,24 @@ suite)
 speed)
   nvidia-smi -L | tee "$OUT/summary.txt"
   nproc | sed 's/^/cores: /' | tee -a "$OUT/summary.txt"
-  step builder_bits 90 "${PYTEST[@]}" tests/test_builder.py -m gpu -n 0 -q --run-report=none
+  # Every builder test: the fused CUDA draws and the whole builder against the CPU's bits.
+  step builder_bits 120 "${PYTEST[@]}" tests/test_builder.py -n 0 -q --run-report=none
   step stages 100 python3 benchmarks/throughput.py stages --device cuda --examples 300
+  step oracle_speed 150 python3 benchmarks/oracle_speed.py --device cuda --examples 200
   # The plain command twice: the first run starts with cold Triton caches, the second with warm ones.
-  step plain_auto 220 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2 --no-warmup --out "$OUT"
+  step plain_auto 220 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2 --no-warmup --out "$OUT/runs"
+  latest=$(ls -t "$OUT"/runs/scaling/gpus1-*/*/report.md 2>/dev/null | head -n 1)
+  [ -n "$latest" ] && cp "$latest" "$OUT/plain_report.md"  # per-property examples and examples/s
   if [ -n "${BEFORE:-}" ]; then  # an older checkout of the suite (git archive into BEFORE), for the before/after table
-    step before_plain_auto 150 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 \
-      --profile gpu --workers-per-gpu 8 --max-examples 300 --no-warmup"
+    step before_stages 100 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py stages --device cuda --examples 300"
+    step before_plain_auto 150 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 --no-warmup"
   fi
-  step workers_per_gpu 200 python3 benchmarks/throughput.py scaling --gpus 1 --workers-per-gpu "${SWEEP:-4,8,16}" \
-    --max-examples 100 --no-warmup
+  if [ -n "${SWEEP:-}" ]; then
+    step workers_per_gpu 200 python3 benchmarks/throughput.py scaling --gpus 1 --workers-per-gpu "$SWEEP" \
+      --max-examples 100 --no-warmup
+  fi
+  rm -rf "$OUT/runs"
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log  # few files come back
   ;;
 panel)
   # One member at a time on all the workers -n auto gives (the plain command, --contract=correct); a member

@@ -165,6 +165,13 @@ _NORMAL_SCALE = _f32(1.0 / _FOUR_FIELDS_STD)
 _NOISE_SCALE = _f32(1e4 / _TWO_FIELDS_STD)
 
 
+def _fused():
+    """The Triton versions of the hot draws (imported on first use: the CPU never needs them)."""
+    from . import _fused_hashes as fused
+
+    return fused
+
+
 def _mix_int(x: int) -> int:
     """A 32-bit integer hash (two xorshift-multiply rounds) of ``x`` in [0, 2**32); a bijection."""
     x ^= x >> 16
@@ -249,6 +256,9 @@ class _Stream:
         count = sum(sizes)
         start = self._take(2 * count)
         flat = torch.empty(count, dtype=torch.float32, device=self.device)
+        if self.device.type == "cuda":  # one fused launch, the same bits (tests/test_builder.py)
+            _fused().normals(flat, _signed32(self.key + start), _NORMAL_SCALE)
+            return tuple(piece.view(shape) for piece, shape in zip(flat.split(sizes), shapes))
         step = _CPU_CHUNK if self.device.type == "cpu" else max(count, 1)
         for a in range(0, count, step):
             n = min(step, count - a)
@@ -482,6 +492,9 @@ def _fill_noise(storage: torch.Tensor, key: int) -> None:
     step = _CPU_CHUNK if storage.device.type == "cpu" else _DEVICE_CHUNK
     for a in range(0, flat.numel(), step):
         n = min(step, flat.numel() - a)
+        if storage.device.type == "cuda":  # one fused launch per pass, the same bits
+            _fused().fill_noise(flat[a:a + n], _signed32(key + a), _NOISE_SCALE)
+            continue
         hashes = _hashes(key, a, n, storage.device)
         ints = _two_fields(hashes).sub_(0xFFFF)  # exact, |ints| < 2**16
         flat[a:a + n] = ints.float().mul_(_NOISE_SCALE)  # one float32 rounding, then bf16's (nearest even)

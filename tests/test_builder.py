@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import os
 import random
 
 import pytest
@@ -168,3 +169,37 @@ def test_cuda_noise_fill_matches_cpu_across_chunks(monkeypatch):
     cases._fill_junk(on_cpu, "noise", 77)
     cases._fill_junk(on_cuda, "noise", 77)
     assert torch.equal(_storage_bytes(on_cpu), _storage_bytes(on_cuda))
+
+
+def _fused_device() -> str:
+    """Where the fused Triton draws can run in this process: CUDA, else the interpreter on the CPU."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    pytest.skip("needs CUDA or Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+# (key, first counter, elements): ragged against the kernels' blocks, and counters that wrap past 2**32.
+_FUSED_DRAWS = [(cases._key(3, 1), 0, 1), (cases._key(5, 1), 17, 1025), (2**32 - 700, 100, 3000),
+                (cases._key(7, 2), 2**31 - 5, 2048)]
+
+
+@pytest.mark.parametrize("key, start, count", _FUSED_DRAWS)
+def test_fused_draws_give_the_torch_paths_bits(key, start, count):
+    from properties import _fused_hashes
+
+    device = _fused_device()
+    stream = cases._Stream(key, torch.device("cpu"))
+    stream.used = start
+    expected = stream.normal(count)  # the CPU's torch path, counters start .. start + 2 count
+    got = torch.empty(count, dtype=torch.float32, device=device)
+    _fused_hashes.normals(got, cases._signed32(key + start), cases._NORMAL_SCALE)
+    assert torch.equal(got.cpu().view(torch.int32), expected.view(torch.int32))
+
+    noise_key = (key + start) & 0xFFFFFFFF  # the noise fill's counters start at 0
+    expected_noise = torch.empty(count, dtype=torch.bfloat16)
+    cases._fill_noise(expected_noise, noise_key)
+    got_noise = torch.empty(count, dtype=torch.bfloat16, device=device)
+    _fused_hashes.fill_noise(got_noise, cases._signed32(noise_key), cases._NOISE_SCALE)
+    assert torch.equal(got_noise.cpu().view(torch.int16), expected_noise.view(torch.int16))
