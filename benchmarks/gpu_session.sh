@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh suite     # builder bits CPU==CUDA, our kernel (strict), SGLang, stage times
 #   bash benchmarks/gpu_session.sh panel     # the correct panel, >= 10,000 examples each (correct tier)
 #   bash benchmarks/gpu_session.sh faults    # the verbatim seed on every worker, a faulting kernel under -n0
-#   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage and oracle times, the plain -n auto
+#   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout, SWEEP=4,8,16 workers
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
@@ -50,7 +50,6 @@ speed)
   # Every builder test: the fused CUDA draws and the whole builder against the CPU's bits.
   step builder_bits 120 "${PYTEST[@]}" tests/test_builder.py -n 0 -q --run-report=none
   step stages 100 python3 benchmarks/throughput.py stages --device cuda --examples 300
-  step oracle_speed 150 python3 benchmarks/oracle_speed.py --device cuda --examples 200
   # The plain command twice: the first run starts with cold Triton caches, the second with warm ones.
   step plain_auto 220 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2 --no-warmup --out "$OUT/runs"
   latest=$(ls -t "$OUT"/runs/scaling/gpus1-*/*/report.md 2>/dev/null | head -n 1)

@@ -123,13 +123,18 @@ def poisoned_allocations() -> Iterator[None]:
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     was_filling = fill.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)  # only the fill is wanted, not errors
+    _deterministic_algorithms(True, warn_only=True)  # only the fill is wanted, not errors
     fill.fill_uninitialized_memory = True
     try:
         yield
     finally:
         fill.fill_uninitialized_memory = was_filling
-        torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+        _deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+
+
+# torch.use_deterministic_algorithms also sets an Inductor option, and importing Inductor for that costs
+# each worker 2 s or more on its first call (most of this property's time); the switch itself is the C one.
+_deterministic_algorithms = getattr(torch._C, "_set_deterministic_algorithms", torch.use_deterministic_algorithms)
 
 
 def shorter(limits: SizeLimits) -> SizeLimits:

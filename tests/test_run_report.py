@@ -203,3 +203,50 @@ def test_verdict_line_forms():
         "FAILED: 1 of 3 properties failed, 1 crashed, 1 skipped")
     assert run_report.short_name("a/b.py::test_" + "x" * 50).endswith("…")
     assert run_report.short_name("a/b.py::test_lse[small]") == "lse[small]"
+
+
+def test_summary_png_layout_keeps_every_label_inside_and_apart(run, monkeypatch):
+    """The explicit layout (no tight_layout): long property names, titles and tick labels all lie inside the
+    figure, and no panel's labels run into a neighbouring panel."""
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    directory, _ = run
+    saved = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *args, **kwargs: (saved.append(figure),
+                                                                              real_savefig(figure, *args, **kwargs)))
+    run_report.write_report(directory, RUN)
+    (figure,) = saved
+    renderer = FigureCanvasAgg(figure).get_renderer()  # closed after saving: a canvas of its own
+    page = figure.bbox
+    boxes = []
+    for axis in figure.axes:
+        labels = []
+        for side in (axis.xaxis, axis.yaxis):
+            low, high = sorted(side.get_view_interval())
+            labels += [tick.label1 for tick in side.get_major_ticks() if low <= tick.get_loc() <= high]  # drawn
+        texts = [*labels, axis.title, axis.xaxis.label]
+        for text in texts:
+            if text.get_text():
+                box = text.get_window_extent(renderer)
+                assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, \
+                    text.get_text()
+        boxes.append(axis.get_tightbbox(renderer))
+    suptitle = figure._suptitle.get_window_extent(renderer)
+    assert page.x0 <= suptitle.x0 and suptitle.x1 <= page.x1 and suptitle.y1 <= page.y1
+    for n, box in enumerate(boxes):
+        assert not box.overlaps(suptitle)
+        for other in boxes[n + 1:]:
+            assert not box.overlaps(other)
+    names = [label.get_text() for label in figure.axes[0].get_yticklabels()]
+    assert "passing_property_number_00_with_a_r…" in names  # long names shown, truncated as before
+
+
+def test_warm_up_leaves_the_report_unchanged(run):
+    directory, _ = run
+    first = run_report.write_report(directory, RUN).read_text(encoding="utf-8")
+    run_report.warm_up()
+    assert run_report.write_report(directory, RUN).read_text(encoding="utf-8") == first

@@ -23,6 +23,7 @@ import functools  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -202,6 +203,11 @@ def _is_property(function: object, path: Path) -> bool:
     return shards.is_hypothesis_test(function) and Path(path).resolve().is_relative_to(PROPERTY_SUITE)
 
 
+def _in_suite(config: pytest.Config, location: str) -> bool:
+    """Whether a test item's file (its report's location, relative to the root directory) is a property's."""
+    return (config.rootpath / location).resolve().is_relative_to(PROPERTY_SUITE)
+
+
 def _infrastructure_error(report: pytest.TestReport) -> bool:
     return any(name == INFRASTRUCTURE for name, _ in getattr(report, "user_properties", ()))
 
@@ -241,6 +247,27 @@ def _as_declared(target: Target, function: Callable) -> Callable:
     return call
 
 
+class _InThread:
+    """``function()`` run in a thread of its own; ``join`` waits for it and raises what it raised."""
+
+    def __init__(self, function: Callable[[], None], name: str) -> None:
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                function()
+            except BaseException as error:  # noqa: BLE001 - raised again in join
+                self.error = error
+
+        self.thread = threading.Thread(target=run, name=name, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 class SuiteRun:
     """One pytest run of the suite: its recorder, guard, shards and report; hooks and fixtures as methods."""
 
@@ -257,13 +284,16 @@ class SuiteRun:
         self.shard_count = shards.resolved_shard_count(config.option.shards)
         self.claims = shards.FailureClaims(self._claims_dir(config))
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
+        self.report_warm_up: threading.Thread | None = None
+        self.report_writer: _InThread | None = None
         cases.add_build_observer(self.recorder.note_build)
         # What each test item builds, how far it got and where its time went.
         synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
         self.counter = run_report.ItemCounter(stages.StageClock(synchronize=synchronize))
         stages.install(self.counter.clock)
         cases.add_build_observer(self.counter.observe_case)
-        if is_xdist_controller(_xdist_role(config)):
+        self.is_controller = is_xdist_controller(_xdist_role(config))
+        if self.is_controller:
             os.environ[RUN_ID_ENV] = state.run_id
             if state.device.type == "cuda":
                 ids = gpus.visible_gpu_ids(torch.cuda.device_count())
@@ -449,7 +479,35 @@ class SuiteRun:
 
     # ---- the end -------------------------------------------------------------------------------
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
+        """The xdist controller's first property started on a worker: warm the run report's plotting up in a
+        thread, while the controller idles, rather than after the last test (``run_report.warm_up``)."""
+        if (self.report_warm_up is None and self.is_controller and self.state.report_dir is not None
+                and _in_suite(self.config, location[0])):
+            self.report_warm_up = threading.Thread(target=run_report.warm_up, name="gqa-decode-report-warm-up",
+                                                   daemon=True)
+            self.report_warm_up.start()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """A completed run under xdist: every worker has finished its session (and its part file), so the
+        report is drawn in a thread while xdist's own ``pytest_sessionfinish`` waits a second or two for the
+        worker processes to exit, not after it."""
+        if self.is_controller and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            self.report_writer = _InThread(self._write_report, "gqa-decode-report")
+
+    @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_after_workers(self) -> None:
+        """The report, once xdist has shut its workers down: waits for the thread above, or writes it here
+        (without xdist; an interrupted run, -x or Ctrl-C, whose workers' items in flight belong in it)."""
+        if self.report_writer is not None:
+            self.report_writer.join()
+        else:
+            self._write_report()
+
+    def _write_report(self) -> None:
+        if self.report_warm_up is not None:
+            self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
         directory = self.state.report_dir
         if self.state.worker or directory is None or not directory.is_dir():
             return

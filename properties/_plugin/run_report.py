@@ -29,7 +29,7 @@ from hypothesis.errors import HypothesisException
 from ..stages import SAMPLE_EVERY, STAGES, StageClock
 from .shards import example_targets, property_name
 
-__all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "write_report"]
+__all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "warm_up", "write_report"]
 
 # Bucket edges (upper bounds, inclusive) and labels: what "covered" means at a glance.
 _BUCKETS = {
@@ -505,7 +505,7 @@ def _verdict_panel(axis, merged: dict[str, dict], names: list[str]) -> None:
 
     axis.legend(handles=[Patch(color=_COLORS[v], label=v) for v in VERDICTS], loc="lower right", fontsize=8)
     axis.set_xlabel("examples run (color: verdict)")
-    axis.set_title("verdict per property")
+    axis.set_title("verdict per property", y=1.0)
 
 
 def _verdict_label(entry: dict) -> str:
@@ -532,18 +532,46 @@ def _worst_panel(axis, merged: dict[str, dict], names: list[str]) -> None:
     axis.set_ylim(len(names) - 0.5, -0.5)
     axis.axvline(1.0, color="black", linestyle="--", linewidth=1)
     axis.set_xlim(0, top)
-    axis.set_title("worst err/bound (1 = bound)")
+    axis.set_title("worst err/bound (1 = bound)", y=1.0)
 
 
-def _coverage_panel(axis, merged: dict[str, dict], dimension: str) -> None:
+def _coverage_panel(axis, dimension: str, labels: list[str], counts: list[int]) -> None:
+    axis.bar(labels, counts, color="tab:blue")
+    axis.set_title(f"{dimension} (all properties)", y=1.0)
+    axis.tick_params(axis="x", labelrotation=_LABEL_ROTATION, labelsize=8)
+
+
+# The figure's layout, in inches. Explicit, from the measured label widths: tight_layout measured every
+# artist of the figure (and made savefig draw it twice), most of the PNG's time.
+_SUPTITLE_BAND = 0.6  # the figure's title, above everything
+_TOP_PANEL_TITLE = 0.3  # an axes' title, above the axes (6 points of pad and the text)
+_COVERAGE_TITLE = 0.35
+_VERDICT_XAXIS = 0.65  # below the verdict strip: its tick labels and x label
+_TICK_SPACE = 0.12  # tick and pad, between an axis and its tick labels
+_EDGE = 0.15  # from the figure's edge to the outermost text
+_COVERAGE_ROW = 3.2  # height of one row of coverage panels
+_LABEL_ROTATION = 30  # the coverage panels' x tick labels, in degrees
+
+
+def _text_size(renderer, texts, size: float) -> tuple[float, float]:
+    """The widest width and the tallest height among ``texts`` at font size ``size``, in inches."""
+    from matplotlib.font_manager import FontProperties
+
+    prop, widest, tallest = FontProperties(size=size), 0.0, 0.0
+    for text in texts:
+        width, height, _ = renderer.get_text_width_height_descent(text, prop, ismath=False)
+        widest, tallest = max(widest, width), max(tallest, height)
+    return widest / renderer.dpi, tallest / renderer.dpi
+
+
+def _coverage_labels(merged: dict[str, dict], dimension: str) -> tuple[list[str], list[int]]:
+    """A coverage panel's bars: the labels seen (bucket order for a numeric dimension) and their counts."""
     total = Counter()
     for entry in merged.values():
         total.update(entry["counts"].get(dimension, {}))
     labels = _BUCKETS[dimension][1] if dimension in _BUCKETS else sorted(total)
     labels = [label for label in labels if total.get(label)]
-    axis.bar(labels, [total[label] for label in labels], color="tab:blue")
-    axis.set_title(f"{dimension} (all properties)")
-    axis.tick_params(axis="x", labelrotation=30, labelsize=8)
+    return labels, [total[label] for label in labels]
 
 
 def _summary_png(merged: dict[str, dict], path: Path, run_id: str) -> None:
@@ -558,19 +586,66 @@ def _summary_png(merged: dict[str, dict], path: Path, run_id: str) -> None:
     columns = 3
     coverage_rows = math.ceil(len(shown) / columns)
     top_height = max(3.2, 0.3 * len(names) + 1.2)
-    figure = plt.figure(figsize=(5 * columns, top_height + 3.2 * coverage_rows + 0.6))
-    grid = figure.add_gridspec(1 + coverage_rows, columns, height_ratios=[top_height] + [3.2] * coverage_rows)
-    _verdict_panel(figure.add_subplot(grid[0, :2]), merged, names)
-    _worst_panel(figure.add_subplot(grid[0, 2]), merged, names)
+    width, height = 5.0 * columns, _SUPTITLE_BAND + top_height + _COVERAGE_ROW * coverage_rows
+    figure = plt.figure(figsize=(width, height))
+    renderer = figure.canvas.get_renderer()
+
+    def axes(left: float, top: float, right: float, bottom: float):
+        """An axes placed by its edges in inches (top and bottom from the figure's top edge)."""
+        return figure.add_axes((left / width, 1 - bottom / height, (right - left) / width, (bottom - top) / height))
+
+    # Top: the verdict strip (two thirds) beside the worst err/bound (one third), right of the longest name.
+    names_width, _ = _text_size(renderer, [short_name(n) for n in names], 9)
+    left, right, gap = _EDGE + names_width + _TICK_SPACE, width - 0.35, 0.4
+    split = left + 2 * (right - left - gap) / 3
+    top, bottom = _SUPTITLE_BAND + _TOP_PANEL_TITLE, _SUPTITLE_BAND + top_height - _VERDICT_XAXIS
+    _verdict_panel(axes(left, top, split, bottom), merged, names)
+    _worst_panel(axes(split + gap, top, right, bottom), merged, names)
+
+    # Below: three columns of coverage panels, room left of each for its counts and below for rotated labels.
+    bars = {dimension: _coverage_labels(merged, dimension) for dimension in shown}
+    counts_width, _ = _text_size(renderer, [str(max(counts, default=0)) for _, counts in bars.values()], 10)
+    label_width, label_height = _text_size(renderer, [label for labels, _ in bars.values() for label in labels], 8)
+    angle = math.radians(_LABEL_ROTATION)
+    below = label_width * math.sin(angle) + label_height * math.cos(angle) + _TICK_SPACE + 0.15
+    inner = counts_width + _TICK_SPACE + 0.1  # left of each panel: its tick labels
+    gap = inner + 0.35
+    panel = (width - _EDGE - inner - 0.35 - 2 * gap) / columns
     for slot, dimension in enumerate(shown):
-        _coverage_panel(figure.add_subplot(grid[1 + slot // columns, slot % columns]), merged, dimension)
+        row, column = divmod(slot, columns)
+        row_top = _SUPTITLE_BAND + top_height + _COVERAGE_ROW * row
+        panel_left = _EDGE + inner + column * (panel + gap)
+        _coverage_panel(axes(panel_left, row_top + _COVERAGE_TITLE, panel_left + panel,
+                             row_top + _COVERAGE_ROW - below), dimension, *bars[dimension])
     line = verdict_line(merged)
     figure.suptitle(f"{line}   (tier {run_tier(merged)}, run {run_id}, "
                     f"{sum(e['examples'] for e in merged.values())} examples)", fontsize=14, fontweight="bold",
-                    color="tab:green" if line.startswith("PASSED") else "tab:red")
-    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / figure.get_figheight()))
+                    color="tab:green" if line.startswith("PASSED") else "tab:red", y=1 - 0.15 / height)
     figure.savefig(path, dpi=80)
     plt.close(figure)
+
+
+def warm_up() -> None:
+    """Import the plotting library and draw a throwaway figure (fonts, glyph caches): most of a second that
+    ``write_report`` then does not spend after the last test. The xdist controller, which idles while its
+    workers test, calls this in a thread of its own; ``write_report`` must not run until it returns."""
+    try:
+        import io
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401 - what _summary_png imports
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch  # noqa: F401 - what _verdict_panel imports
+    except ImportError:  # matplotlib missing: write_report says so in the report
+        return
+    figure = Figure(figsize=(1, 1))
+    axis = figure.add_axes((0.2, 0.2, 0.7, 0.7))
+    axis.bar(["a"], [1])
+    axis.set_title("warm", y=1.0, fontweight="bold")
+    FigureCanvasAgg(figure).print_png(io.BytesIO())
 
 
 def write_report(directory: Path, run_id: str) -> Path | None:
