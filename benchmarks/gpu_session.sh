@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_session.sh suite     # builder bits CPU==CUDA, our kernel (strict), SGLang, stage times
 #   bash benchmarks/gpu_session.sh panel     # the correct panel, >= 10,000 examples each (correct tier)
 #   bash benchmarks/gpu_session.sh faults    # the verbatim seed on every worker, a faulting kernel under -n0
+#   bash benchmarks/gpu_session.sh profile   # cProfile of the heaviest properties, one process each
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout, SWEEP=4,8,16 workers
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
@@ -65,6 +66,25 @@ speed)
   rm -rf "$OUT/runs"
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log  # few files come back
   ;;
+profile)
+  # Where single properties spend their time in one process (-n 0): a first pass fills the Triton cache, the
+  # second runs under cProfile; its top functions per property go to one file. PROPERTIES and EXAMPLES override.
+  : >"$OUT/summary.txt"
+  for node in ${PROPERTIES:-properties/test_layouts.py properties/test_metamorphic.py::test_inputs_are_left_unchanged \
+      properties/test_bad_input.py properties/test_huge_pools.py}; do
+    name=$(basename "${node//::/-}" .py)
+    for pass in warm profile; do
+      profiler=()
+      [ "$pass" = profile ] && profiler=(-m cProfile -o "$OUT/$name.prof")
+      step "$pass-$name" 90 python3 "${profiler[@]}" -m pytest -p no:cacheprovider "$node" -n 0 -q \
+        --hypothesis-profile=gpu --max-examples="${EXAMPLES:-100}" --run-report=none
+    done
+    { echo "#### $node"; python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('cumulative')
+s.print_stats(45); s.sort_stats('tottime').print_stats(25)" "$OUT/$name.prof" | cut -c1-200; } >>"$OUT/profiles.txt"
+    rm -f "$OUT/$name.prof"
+  done
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
 panel)
   # One member at a time on all the workers -n auto gives (the plain command, --contract=correct); a member
   # cut at its limit is interrupted (SIGINT), so its run report still counts the examples it ran.
@@ -97,7 +117,7 @@ faults)
   tar czf "$OUT/failures.tgz" failures
   ;;
 *)
-  echo "usage: $0 suite|panel|faults|speed" >&2
+  echo "usage: $0 suite|panel|faults|speed|profile" >&2
   exit 2
   ;;
 esac
