@@ -5,8 +5,9 @@ two cores per worker, at most the measured knee of 8 per H200). The controller c
 GPUs and exports their ids; each worker, when the plugin is imported and before anything
 touches CUDA, claims a free slot (a lock file held for the life of the process, so a
 worker that replaces a crashed one takes over the dead worker's GPU) and pins itself there
-with ``CUDA_VISIBLE_DEVICES``. Each slot has its own ``TRITON_CACHE_DIR`` (concurrent
-writers of one Triton cache race), kept between runs so a warm run skips compilation.
+with ``CUDA_VISIBLE_DEVICES``. All workers share the one Triton cache (``TRITON_CACHE_DIR`` or
+Triton's default): Triton writes each entry atomically, so a kernel specialisation that any
+worker of any earlier run compiled is loaded, not compiled again in every worker.
 
 Nothing here imports torch at module level: it runs before the worker is pinned.
 """
@@ -103,13 +104,8 @@ def claim_slot(worker: str, gpu_ids: list[str], workers_per_gpu: int, slots_dir:
     return Pin(gpu=gpu, slot=f"gpu{gpu}-{worker}", slots_dir=slots_dir)
 
 
-def _own_triton_cache(slot: str) -> None:
-    base = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
-    os.environ["TRITON_CACHE_DIR"] = str(base / f"xdist-{slot}")
-
-
 def pin_this_worker() -> Pin | None:
-    """Worker side, at conftest import: pin to a GPU and give the worker its own Triton cache.
+    """Worker side, at conftest import: pin to a GPU.
 
     Returns None outside an xdist worker. Must run before torch initialises CUDA.
     """
@@ -125,7 +121,6 @@ def pin_this_worker() -> Pin | None:
             worker, gpu_ids, int(os.environ.get(WORKERS_PER_GPU_ENV, "1")), Path(slots_dir) if slots_dir else None
         )
         os.environ["CUDA_VISIBLE_DEVICES"] = pin.gpu
-    _own_triton_cache(pin.slot)
     return pin
 
 
