@@ -286,7 +286,8 @@ class _Stream:
         start = self._take(2 * count)
         flat = [x / _FOUR_FIELDS_STD for x in _four_fields(self.key, start, count, torch.device("cpu")).tolist()]
         vectors = [flat[r * HEAD_DIM:(r + 1) * HEAD_DIM] for r in range(rows)]
-        return [[x / math.sqrt(math.fsum(y * y for y in v)) for x in v] for v in vectors]
+        norms = [math.sqrt(math.fsum(y * y for y in v)) for v in vectors]
+        return [[x / norm for x in v] for v, norm in zip(vectors, norms)]
 
     def constant(self, rows: list[list[float]], scale: float = 1.0) -> torch.Tensor:
         """``scale * rows`` as float32 on the device (computed on the host in float64, rounded once)."""
