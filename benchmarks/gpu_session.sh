@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_session.sh faults    # the verbatim seed on every worker, a faulting kernel under -n0
 #   bash benchmarks/gpu_session.sh profile   # cProfile of the heaviest properties, one process each
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
-#                                            # (cold, warm); BEFORE=dir adds an older checkout, SWEEP=4,8,16 workers
+#                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
+#                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
 set -uo pipefail
@@ -57,7 +58,19 @@ speed)
   [ -n "$latest" ] && cp "$latest" "$OUT/plain_report.md"  # per-property examples and examples/s
   if [ -n "${BEFORE:-}" ]; then  # an older checkout of the suite (git archive into BEFORE), for the before/after table
     step before_stages 100 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py stages --device cuda --examples 300"
-    step before_plain_auto 150 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 --no-warmup"
+    [ -z "${BEFORE_STAGES_ONLY:-}" ] && step before_plain_auto 150 bash -c \
+      "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 --no-warmup"
+  fi
+  if [ -n "${MPS:-}" ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    # The same plain command with the workers' CUDA contexts served by one MPS server (kernels of different
+    # processes run side by side instead of time-sliced); the daemon is stopped again at the end.
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/gqa-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/gqa-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d && echo "MPS daemon started" | tee -a "$OUT/summary.txt"
+    step plain_auto_mps 220 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2 --no-warmup \
+      --workers-per-gpu "${MPS_WORKERS:-auto}"
+    echo quit | nvidia-cuda-mps-control
+    sleep 2
   fi
   if [ -n "${SWEEP:-}" ]; then
     step workers_per_gpu 200 python3 benchmarks/throughput.py scaling --gpus 1 --workers-per-gpu "$SWEEP" \
