@@ -1,4 +1,4 @@
-"""The builder's two hot draws as single Triton kernels: the same bits as the torch path in ``cases``.
+"""The builder's hot draws as single Triton kernels: the same bits as the torch path in ``cases``.
 
 On a GPU the torch path costs a launch per elementwise step (about twenty per draw), which
 made the counter-based builder slower than the device RNG it replaced. These kernels do
@@ -17,7 +17,7 @@ import triton.language as tl
 
 _BLOCK = 1024
 
-__all__ = ["fill_noise", "normals"]
+__all__ = ["fill_noise", "hashes", "normals"]
 
 
 @triton.jit
@@ -34,6 +34,13 @@ def _mix(x):
 def _two_fields(hashes):
     """``cases._two_fields``: the two 16-bit halves of each hash summed, in [0, 131070]."""
     return (hashes & 0xFFFF) + ((hashes >> 16) & 0xFFFF)
+
+
+@triton.jit
+def _hashes_kernel(out_ptr, base, count, BLOCK: tl.constexpr):
+    """out[i] = h(base + i), int32 bits: ``cases._hashes``."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, _mix(offsets + base), mask=offsets < count)
 
 
 @triton.jit
@@ -56,10 +63,15 @@ def _noise_kernel(out_ptr, base, count, scale: tl.constexpr, BLOCK: tl.constexpr
     tl.store(out_ptr + offsets, value.to(tl.bfloat16), mask=offsets < count)
 
 
-def _launch(kernel, out: torch.Tensor, base: int, scale: float) -> None:
+def _launch(kernel, out: torch.Tensor, base: int, *scale: float) -> None:
     count = out.numel()
     if count:
-        kernel[(triton.cdiv(count, _BLOCK),)](out, base, count, scale, BLOCK=_BLOCK)
+        kernel[(triton.cdiv(count, _BLOCK),)](out, base, count, *scale, BLOCK=_BLOCK)
+
+
+def hashes(out: torch.Tensor, base: int) -> None:
+    """Fill the contiguous int32 ``out`` as ``cases._hashes`` does; ``base`` is the int32 first counter."""
+    _launch(_hashes_kernel, out, base)
 
 
 def normals(out: torch.Tensor, base: int, scale: float) -> None:

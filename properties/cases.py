@@ -208,6 +208,10 @@ def _key(*words: int) -> int:
 
 def _hashes(key: int, start: int, count: int, device: torch.device) -> torch.Tensor:
     """int32 [count]: the hash of counter ``key + start + i`` (mod 2**32) for each i, as int32 bits."""
+    if device.type == "cuda":  # one fused launch, the same bits
+        hashes = torch.empty(count, dtype=torch.int32, device=device)
+        _fused().hashes(hashes, _signed32(key + start))
+        return hashes
     counters = torch.arange(count, dtype=torch.int32, device=device)
     return _mix_(counters.add_(_signed32(key + start)))
 

@@ -197,6 +197,10 @@ def test_fused_draws_give_the_torch_paths_bits(key, start, count):
     _fused_hashes.normals(got, cases._signed32(key + start), cases._NORMAL_SCALE)
     assert torch.equal(got.cpu().view(torch.int32), expected.view(torch.int32))
 
+    got_hashes = torch.empty(count, dtype=torch.int32, device=device)
+    _fused_hashes.hashes(got_hashes, cases._signed32(key + start))
+    assert torch.equal(got_hashes.cpu(), cases._hashes(key, start, count, torch.device("cpu")))
+
     noise_key = (key + start) & 0xFFFFFFFF  # the noise fill's counters start at 0
     expected_noise = torch.empty(count, dtype=torch.bfloat16)
     cases._fill_noise(expected_noise, noise_key)
