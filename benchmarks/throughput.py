@@ -15,7 +15,8 @@ synchronised at each stage's edges.
 (``CUDA_VISIBLE_DEVICES`` with ``-n auto``, ``--workers-per-gpu`` as given, default
 ``auto``), and prints examples/s per GPU and the ratio. Targets (issue 12): 500 examples/s
 per H200 with the plain ``-n auto --hypothesis-profile=gpu``, 1.9x on two. Both modes print
-a table and, with ``--out``, write it as JSON.
+a table and, with ``--out``, write it as JSON. ``scaling`` measures whatever GPU sharing the
+machine has: time-sliced by default, side by side when an MPS daemon runs (README).
 """
 
 from __future__ import annotations
