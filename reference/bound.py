@@ -9,11 +9,14 @@ Shapes: b sequences, g KV heads, j query heads per group, L tokens, d head dims.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["HOEFFDING_LAMBDA", "SoftmaxTerms", "error_bounds", "half_ulp_bf16", "near_tie_counts"]
+__all__ = [
+    "HOEFFDING_LAMBDA", "SoftmaxTerms", "error_bounds", "half_ulp_bf16", "near_tie_counts", "sequence_factors",
+]
 
 HEAD_DIM = 128
 
@@ -41,13 +44,36 @@ class SoftmaxTerms(NamedTuple):
     output: torch.Tensor  # [b, g, j, d] exact output o
     logit_magnitude: torch.Tensor  # [b, g, j, L] M = |scale| * sum_d |q_d k_d|, 0 past the end
     lse_natural: torch.Tensor  # [b, g, j] natural-log LSE, -inf for empty sequences
-    lengths: torch.Tensor  # [b] tokens per sequence, int64
+    padding: torch.Tensor  # [b, 1, 1, L] True past a sequence's end
+    factors: torch.Tensor  # [5, b, 1, 1, 1] sequence_factors of the sequences' lengths
 
 
 def gamma(steps: torch.Tensor, unit: float) -> torch.Tensor:
     """Higham's gamma_n = n u / (1 - n u), the relative error of n chained roundings; inf once n u >= 1."""
     # As n / (1/u - n): the same rounding for a power-of-2 u, where both forms are exact up to the division.
     return steps / (1 / unit - steps).clamp_(min=0.0)  # n u >= 1: n / +0 = inf
+
+
+@lru_cache(maxsize=1 << 16)
+def _factors_of(length: int) -> tuple[float, float, float, float, float]:
+    """``sequence_factors`` of one length, on the host: each step one correctly rounded float64 operation."""
+    tokens = float(length)
+    rescales = float(math.ceil(tokens / MIN_BLOCK))  # R: at most one running-max rescale per block of MIN_BLOCK tokens
+    steps = float(gamma(torch.tensor(tokens + rescales + 3, dtype=torch.float64), U_ACC))  # gamma_N, N = L - 1 + R + 4
+    below = 1 - steps
+    division = (steps + 8 * U32) / below if below else math.inf  # gamma_N = 1 exactly: x / +0, as a tensor gives
+    return tokens, rescales, steps, division, -min(steps, 1.0)
+
+
+def sequence_factors(lengths: list[int], device: torch.device | str) -> torch.Tensor:
+    """What ``error_bounds`` needs of each sequence's length, formed on the host ([5, b, 1, 1, 1] float64).
+
+    In order: L, R = ceil(L / MIN_BLOCK), gamma_N (N = L + R + 3), (gamma_N + 8 U32) / (1 - gamma_N) (§5) and
+    -min(gamma_N, 1) (§8). Python floats round every step as float64 tensors do, so these are the bits a
+    device would form from the lengths, in one copy instead of a dozen tiny kernels.
+    """
+    columns = [list(column) for column in zip(*map(_factors_of, lengths))] or [[] for _ in range(5)]
+    return torch.tensor(columns, dtype=torch.float64).to(device).view(5, len(lengths), 1, 1, 1)
 
 
 _EXPONENT_AND_SIGN = -(1 << 52)  # 0xFFF0...0 as int64: a float64's sign and exponent bits, no mantissa
@@ -143,12 +169,10 @@ def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
     Both are 0 for empty sequences, whose output (0) and LSE (-inf) are exact. Their intermediates may be
     infinite (log2 0, |LSE|): every quantity is per sequence, and the last step masks them.
     """
-    w, o = terms.weights, terms.output
+    w, o, padding = terms.weights, terms.output, terms.padding
     count, groups, heads, length = w.shape
-    lengths = terms.lengths.view(-1, 1, 1, 1)  # per sequence: [b, 1, 1, 1]
-    padding = torch.arange(length, device=w.device) >= lengths  # [b, 1, 1, L]: past each sequence's end
-    lengths = lengths.double()
-    rescales = (lengths / MIN_BLOCK).ceil_()  # R: at most one running-max rescale per block of MIN_BLOCK tokens
+    # Per sequence ([b, 1, 1, 1]): L, R, gamma_N, the division's factor (§5), -min(gamma_N, 1) (§8).
+    lengths, rescales, steps, division_factor, log1p_argument = terms.factors.unbind()
     v = terms.values.permute(0, 2, 1, 3)  # [b, g, L, d]
     abs_v = v.abs()
     abs_v_by_head = abs_v.view(count * groups, length, HEAD_DIM)  # the right operand of bmm
@@ -178,14 +202,13 @@ def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
     p_rounding_over_u = torch.minimum(abs_weighted_v, independent.sqrt_().mul_(HOEFFDING_LAMBDA))
 
     # §5 float32 sums of numerator and denominator, any order and blocking, then one division.
-    steps = gamma(lengths + rescales + 3, U_ACC)  # gamma_N, N = L - 1 + R + 4
     # T_logit + T_P + T_num, T_num = gamma_N (1 + U_BF16) sum w_hat |v| (the sum capped as above)
     partial = logit_term.add_(p_rounding_over_u, alpha=U_BF16).addcmul_(abs_weighted_v, steps, value=1 + U_BF16)
     abs_o = o.abs()
     quotient = abs_o + partial  # Q
     # T_den = Q gamma / (1 - gamma) and T_div = 8 U32 (Q + T_den) (approximate division: 2 ulp, or rcp and
     # multiply) add up to Q (gamma + 8 U32) / (1 - gamma).
-    before_rounding = partial.addcmul_(quotient, (steps + 8 * U32) / (1 - steps))
+    before_rounding = partial.addcmul_(quotient, division_factor)
 
     # §6 Values below the smallest normal float32 may be flushed to zero at every step: TINY (L (1 + max|v|) + 1).
     before_rounding.addcmul_(largest_v + 1, lengths, value=TINY).add_(TINY)
@@ -198,7 +221,7 @@ def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
     # (A - ln(1 - gamma)) / ln 2 + 4 U32 (S / ln 2 + |LSE| + log2 L + 1) + LOG2_ABS, |LSE| = |lse_natural| / ln 2,
     # as A + 4 U32 (S + |lse_natural|) over ln 2, plus the per-sequence rest.
     per_sequence = torch.log2(lengths).mul_(4 * U32).add_(4 * U32 + LOG2_ABS)
-    per_sequence.add_(torch.log1p(-steps.clamp(max=1.0)), alpha=-1 / math.log(2.0))
+    per_sequence.add_(torch.log1p(log1p_argument), alpha=-1 / math.log(2.0))
     per_head = torch.add(spread, largest + terms.lse_natural.abs()[..., None], alpha=4 * U32)
     lse_bound = per_sequence.add(per_head, alpha=1 / math.log(2.0))
 

@@ -66,9 +66,9 @@ def error_ratio(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tenso
     """Element-wise |actual - expected| and err / bound: NaN counts as infinite error, equal infinities as 0."""
     actual = actual.double().to(expected.device)
     same_inf = torch.isinf(expected) & (actual == expected)
-    err = torch.where(same_inf, 0.0, (actual - expected).abs())
-    err = torch.where(torch.isnan(err), torch.inf, err)  # NaN never passes
-    return err, torch.where(err == 0, 0.0, err / bound)
+    # In place, with no scalar operand: on a GPU each torch.where(mask, 0.0, x) also launched a fill for its 0.0.
+    err = (actual - expected).abs_().masked_fill_(same_inf, 0.0).nan_to_num_(nan=math.inf, posinf=math.inf)
+    return err, (err / bound).masked_fill_(err == 0, 0.0)  # NaN never passes; no error is no error, whatever the bound
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:

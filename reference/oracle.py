@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from .bound import SoftmaxTerms, error_bounds
+from .bound import SoftmaxTerms, error_bounds, sequence_factors
 
 NUM_QO_HEADS = 32
 NUM_KV_HEADS = 4
@@ -91,8 +91,9 @@ def _rows(cache: torch.Tensor, pages: torch.Tensor, order: tuple[int, ...]) -> t
     return cache[pages].permute(order).to(torch.float64, memory_format=torch.contiguous_format)
 
 
-def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, longest) -> Reference:
-    """Oracle for one run of sequences; ``starts``/``lengths`` are int64 on q's device, ``longest`` their maximum."""
+def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, longest, factors) -> Reference:
+    """Oracle for one run of sequences; ``starts``/``lengths`` are int64 on q's device, ``longest`` their maximum,
+    ``factors`` their ``sequence_factors``."""
     count = lengths.shape[0]
     longest = max(longest, 1)  # one masked column keeps reductions non-empty (known on the host: no sync)
     heads = count * NUM_KV_HEADS  # the batch of every matmul: one (sequence, KV head) pair each
@@ -115,7 +116,7 @@ def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, longe
     terms = SoftmaxTerms(
         logits=logits, weights=weights, values=values.permute(0, 2, 1, 3),
         output=output.view(count, NUM_KV_HEADS, GROUP, HEAD_DIM),
-        logit_magnitude=magnitude, lse_natural=lse_natural, lengths=lengths,
+        logit_magnitude=magnitude, lse_natural=lse_natural, padding=padding, factors=factors,
     )
     output_bound, lse_bound = error_bounds(terms)
     return Reference(
@@ -144,11 +145,13 @@ def attend(
     indptr = kv_indptr.long()
     starts = indptr[:-1]
     lengths = indptr[1:] - starts
-    runs = _chunks(lengths.tolist())  # the one host sync: the lengths, for chunking and padding
+    on_host = lengths.tolist()  # the one host sync: the lengths, for chunking, padding and the bound's factors
+    runs = _chunks(on_host)
+    factors = sequence_factors(on_host, q.device)
     if len(runs) == 1:  # the whole batch at once: no slices
-        return _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, runs[0][2])
+        return _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, runs[0][2], factors)
     parts = [
-        _attend_chunk(q[a:b], k_cache, v_cache, starts[a:b], lengths[a:b], kv_indices, scale, longest)
+        _attend_chunk(q[a:b], k_cache, v_cache, starts[a:b], lengths[a:b], kv_indices, scale, longest, factors[:, a:b])
         for a, b, longest in runs
     ]
     return Reference(*(torch.cat(field) for field in zip(*parts)))
