@@ -226,7 +226,7 @@ def _four_fields(key: int, start: int, count: int, device: torch.device, a: int 
     """Elements ``a .. a + n`` (default: all) of a draw of ``count``: element i is the four 16-bit halves of
     hashes ``start + i`` and ``start + count + i`` summed, centred: integers in [-131070, 131070]."""
     n = count - a if n is None else n
-    if n == count:  # the whole draw: both counter ranges in one pass (a GPU build is dominated by launches)
+    if n == count:  # the whole draw: both counter ranges in one pass (CUDA draws go to _fused_hashes instead)
         first, second = _two_fields(_hashes(key, start, 2 * count, device)).view(2, count)
     else:  # a CPU chunk: the same two counter ranges, cut to it
         first, second = (_two_fields(_hashes(key, start + offset + a, n, device)) for offset in (0, count))
