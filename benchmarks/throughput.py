@@ -1,6 +1,7 @@
 """Examples per second: where the time of one example goes, and how the suite scales over GPUs.
 
     python benchmarks/throughput.py stages  [--device cuda] [--examples 400] [--case-sizes large] [--out DIR]
+    python benchmarks/throughput.py syncs   [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py scaling [--gpus 1,2] [--workers-per-gpu auto|4,8,16] [--max-examples N]
                                             [--repeat 2] [--no-warmup] [--out DIR]
 
@@ -9,6 +10,11 @@ example, the suite's own stages (``properties.stages``): generation (Hypothesis 
 case), build (tensors from the case, on the device), kernel (the implementation), oracle
 (float64 ``attend``) and checks (the comparison against the bound), the device
 synchronised at each stage's edges.
+
+``syncs`` counts the host synchronisations of the same examples on CUDA (torch's sync debug
+mode: read-backs and blocking copies; explicit ``torch.cuda.synchronize`` calls are not counted) by the
+line of this repository that made them. Where several processes share a GPU, each one waits for a
+turn on the device, so these, more than the kernels launched, bound examples/s per GPU.
 
 ``scaling`` runs the property suite with a fixed number of examples per property
 (``--max-examples``), once on the first GPU and once on the first two
@@ -28,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +111,41 @@ def run_stages(options) -> dict:
             "examples_per_second": spent["examples"] / spent["wall"]}
 
 
+def run_syncs(options) -> dict:
+    import traceback
+    import warnings
+
+    import torch
+
+    from properties._plugin.profiles import CASE_SIZES
+    from properties._plugin.target import load_impl
+
+    device, impl = torch.device("cuda"), load_impl(options.impl, root=ROOT)
+    limits = CASE_SIZES[options.case_sizes or "large"]
+    measure_stages(device, impl, limits, min(options.examples, 5))  # warm-up: compilation, pinned memory
+    where: Counter = Counter()
+
+    def record(*_args, **_kwargs) -> None:
+        ours = [f for f in traceback.extract_stack() if f.filename.startswith(str(ROOT)) and f.name != "record"]
+        frame = next((f for f in reversed(ours) if "benchmarks" not in f.filename), None)
+        where[f"{Path(frame.filename).relative_to(ROOT)}:{frame.lineno}" if frame else "(outside the repo)"] += 1
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            spent = measure_stages(device, impl, limits, options.examples)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    count = spent["examples"]
+    print(f"host synchronisations per example on {torch.cuda.get_device_name(device)}, {options.impl}, {limits}")
+    for line, syncs in where.most_common():
+        print(f"{syncs / count:>8.2f}  {line}")
+    print(f"{sum(where.values()) / count:>8.2f}  in all ({count} examples)")
+    return {"examples": count, "syncs_per_example": {line: n / count for line, n in where.items()}}
+
+
 # ---- scaling --------------------------------------------------------------------------------
 
 
@@ -162,12 +204,12 @@ def run_scaling(options) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("stages", "scaling"))
+    parser.add_argument("mode", choices=("stages", "syncs", "scaling"))
     parser.add_argument("--impl", default="kernel:run", help="implementation under test (as --impl)")
     parser.add_argument("--out", default=None, help="directory for the JSON results")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda", help="stages: where to run")
-    parser.add_argument("--examples", type=int, default=400, help="stages: examples to time")
-    parser.add_argument("--case-sizes", choices=("small", "large"), default=None, help="stages: case size limits")
+    parser.add_argument("--examples", type=int, default=400, help="stages, syncs: examples to run")
+    parser.add_argument("--case-sizes", choices=("small", "large"), default=None, help="stages, syncs: case size limits")
     parser.add_argument("--gpus", default="1,2", help="scaling: GPU counts to compare, first is the baseline")
     parser.add_argument("--max-examples", type=int, default=None,
                         help="scaling: examples per property (default: the profile's)")
@@ -180,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.examples < 1 or (options.max_examples or 1) < 1 or options.repeat < 1:
         parser.error("--examples, --max-examples and --repeat must be positive")
-    result = run_stages(options) if options.mode == "stages" else run_scaling(options)
+    result = {"stages": run_stages, "syncs": run_syncs, "scaling": run_scaling}[options.mode](options)
     if options.out:
         Path(options.out).mkdir(parents=True, exist_ok=True)
         (Path(options.out) / f"{options.mode}.json").write_text(json.dumps(result, indent=1))

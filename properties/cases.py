@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import struct
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -22,6 +23,7 @@ from . import sibling
 from .stages import stage
 
 _contract = sibling("reference")
+to_device = sibling("reference.transfer").to_device
 DEFAULT_SM_SCALE, HEAD_DIM = _contract.DEFAULT_SM_SCALE, _contract.HEAD_DIM
 NUM_KV_HEADS, NUM_QO_HEADS = _contract.NUM_KV_HEADS, _contract.NUM_QO_HEADS
 
@@ -295,7 +297,7 @@ class _Stream:
 
     def constant(self, rows: list[list[float]], scale: float = 1.0) -> torch.Tensor:
         """``scale * rows`` as float32 on the device (computed on the host in float64, rounded once)."""
-        return torch.tensor([[scale * x for x in row] for row in rows], dtype=torch.float32).to(self.device)
+        return to_device(torch.tensor([[scale * x for x in row] for row in rows], dtype=torch.float32), self.device)
 
 
 Regime = Callable[[_Stream, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -348,7 +350,7 @@ _SPIKE_THRESHOLD = round(1e-3 * 2**22)  # against the top 22 bits of a hash: pro
 def _regime_outliers(draw, batch, rows):
     """Standard normal with rare entries (0.1%) of magnitude up to 1e3."""
     q, k, v = _regime_normal(draw, batch, rows)
-    table = torch.tensor(_SPIKES, dtype=torch.float32).to(draw.device)
+    table = to_device(torch.tensor(_SPIKES, dtype=torch.float32), draw.device)
 
     def spike(t):
         hashes = _hashes(draw.key, draw._take(t.numel()), t.numel(), draw.device).view(t.shape)
@@ -482,10 +484,10 @@ def _place_index(values: torch.Tensor, layout: str, gap: int, device: torch.devi
         raise ValueError(f"unknown index_layout={layout!r}; expected one of {INDEX_LAYOUTS}")
     dtype = torch.int64 if layout.startswith("int64") else torch.int32
     if not layout.endswith("_strided"):
-        return values.to(dtype).to(device)
+        return to_device(values.to(dtype), device)
     spaced = torch.full((2 * values.numel(),), gap, dtype=dtype)
     spaced[::2] = values
-    return spaced.to(device)[::2]
+    return to_device(spaced, device)[::2]
 
 
 def _fill_noise(storage: torch.Tensor, key: int) -> None:
@@ -584,16 +586,35 @@ def _build(case: DecodeCase, device: torch.device) -> DecodeInputs:
     k_cache, v_cache, storages = _kv_pool(case.kv_layout, pool_size, device)
     for offset, storage in enumerate(storages):
         _fill_junk(storage, case.pool_fill, case.seed + offset)
-    slots = referenced.to(device)
+    slots = to_device(referenced, device)
     k_cache[slots, 0] = k_rows.to(torch.bfloat16)
     v_cache[slots, 0] = v_rows.to(torch.bfloat16)
     indptr = torch.tensor([0, *torch.tensor(case.lengths, dtype=torch.int64).cumsum(0).tolist()])
     junk_page = max(pool_size - 1, 0)  # in range, so a kernel that ignores the strides reads a wrong page, not memory
+    kv_indptr = _place_index(indptr, case.index_layout, int(indptr[-1]), device)
+    _remember_host_indptr(kv_indptr, indptr.tolist())
     return DecodeInputs(
         q=_place_q(q.to(torch.bfloat16), case.q_layout),
         k_cache=k_cache,
         v_cache=v_cache,
-        kv_indptr=_place_index(indptr, case.index_layout, int(indptr[-1]), device),
+        kv_indptr=kv_indptr,
         kv_indices=_place_index(indices, case.index_layout, junk_page, device),
         sm_scale=case.scale,
     )
+
+
+# The kv_indptr tensors the builder made, by id: (the tensor, weakly; its version counter then; its values).
+_host_indptrs: dict[int, tuple[weakref.ref, int, list[int]]] = {}
+
+
+def _remember_host_indptr(kv_indptr: torch.Tensor, values: list[int]) -> None:
+    key = id(kv_indptr)
+    forget = lambda _: _host_indptrs.pop(key, None)  # noqa: E731 - runs when the tensor is freed
+    _host_indptrs[key] = (weakref.ref(kv_indptr, forget), kv_indptr._version, values)
+
+
+def host_indptr(kv_indptr: torch.Tensor) -> list[int] | None:
+    """The values of ``kv_indptr`` as a host list when the builder made this very tensor and nothing has written
+    to it since (its version counter), else None: the oracle then needs no read-back from the device."""
+    ref, version, values = _host_indptrs.get(id(kv_indptr), (None, None, None))
+    return values if ref is not None and ref() is kv_indptr and kv_indptr._version == version else None

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import torch
 
+from .transfer import to_device
+
 __all__ = [
     "HOEFFDING_LAMBDA", "SoftmaxTerms", "error_bounds", "half_ulp_bf16", "near_tie_counts", "sequence_factors",
 ]
@@ -73,7 +75,7 @@ def sequence_factors(lengths: list[int], device: torch.device | str) -> torch.Te
     device would form from the lengths, in one copy instead of a dozen tiny kernels.
     """
     columns = [list(column) for column in zip(*map(_factors_of, lengths))] or [[] for _ in range(5)]
-    return torch.tensor(columns, dtype=torch.float64).to(device).view(5, len(lengths), 1, 1, 1)
+    return to_device(torch.tensor(columns, dtype=torch.float64), device).view(5, len(lengths), 1, 1, 1)
 
 
 _EXPONENT_AND_SIGN = -(1 << 52)  # 0xFFF0...0 as int64: a float64's sign and exponent bits, no mantissa

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from .oracle import Reference
 
-__all__ = ["AXES", "Mismatch", "assert_within_bound", "check_against_reference", "compare", "error_ratio"]
+__all__ = [
+    "AXES", "Mismatch", "assert_within_bound", "check_against_reference", "compare", "compare_all", "error_ratio",
+]
 
 # Axis names of each result, for "worst at (seq=1, head=5, dim=77)"; other tensors get i, j, k, ...
 AXES = {"output": ("seq", "head", "dim"), "lse": ("seq", "head")}
@@ -95,46 +98,86 @@ def _metadata_problem(actual: torch.Tensor, expected: torch.Tensor, bitwise: boo
 def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor | None = None,
             axes: tuple[str, ...] | None = None) -> Mismatch:
     """Compare ``actual`` with ``expected`` element-wise, within ``bound``, or bit for bit when it is None."""
-    axes = axes or AXES.get(name, _GENERIC_AXES)
-    problem = _metadata_problem(actual, expected, bound is None)
-    if problem:
-        return Mismatch(name, worst_ratio=math.inf, axes=axes, problem=problem)
-    if bound is None:
-        actual_cpu, expected_cpu = actual.detach().cpu(), expected.detach().cpu()
-        off = _bits(actual_cpu) != _bits(expected_cpu)
-        ratio = torch.where(off, math.inf, 0.0)
-        count = int(off.sum())
-        worst = int(torch.nonzero(off.flatten())[0]) if count else 0
-        worst_ratio, err = (math.inf if count else 0.0), None
-    else:
-        actual_cpu, expected_cpu = actual, expected
-        err, ratio = error_ratio(actual, expected, bound)
-        off = ratio > 1
-        if not ratio.numel():
-            return Mismatch(name, 0, 0, 0.0, axes=axes)
-        # One read-back for the verdict (a host sync each would cost more than the comparison on a GPU).
-        flat = ratio.flatten()
-        at_worst = flat.argmax()
-        count, worst, worst_ratio = torch.stack([off.sum().double(), at_worst.double(), flat[at_worst]]).tolist()
-        count, worst = int(count), int(worst)
+    return compare_all([(name, actual, expected, bound)], axes)[0]
+
+
+class _Pending(NamedTuple):
+    """A comparison within bound whose verdict (off count, worst index, worst ratio) is still on the device."""
+
+    slot: int
+    name: str
+    axes: tuple[str, ...]
+    actual: torch.Tensor
+    expected: torch.Tensor
+    bound: torch.Tensor
+    err: torch.Tensor
+    ratio: torch.Tensor
+    verdict: torch.Tensor
+
+
+def compare_all(comparisons: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]],
+                axes: tuple[str, ...] | None = None) -> list[Mismatch]:
+    """``compare`` for each (name, actual, expected, bound), the verdicts within bound read back at once.
+
+    One read-back, not one per tensor: on a GPU shared by several processes each read-back waits for a
+    turn on the device. Locating the worst element of a tensor that is off reads more, after the verdict.
+    """
+    found: list[Mismatch | None] = []
+    pending: list[_Pending] = []
+    for name, actual, expected, bound in comparisons:
+        named_axes = axes or AXES.get(name, _GENERIC_AXES)
+        problem = _metadata_problem(actual, expected, bound is None)
+        if problem:
+            found.append(Mismatch(name, worst_ratio=math.inf, axes=named_axes, problem=problem))
+        elif bound is None:
+            found.append(_bitwise(name, actual, expected, named_axes))
+        elif not expected.numel():
+            found.append(Mismatch(name, 0, 0, 0.0, axes=named_axes))
+        else:
+            err, ratio = error_ratio(actual, expected, bound)
+            flat = ratio.flatten()
+            at_worst = flat.argmax()
+            verdict = torch.stack([(flat > 1).sum().double(), at_worst.double(), flat[at_worst]])
+            pending.append(_Pending(len(found), name, named_axes, actual, expected, bound, err, ratio, verdict))
+            found.append(None)
+    verdicts = torch.cat([p.verdict for p in pending]).tolist() if pending else []
+    for p, (count, worst, worst_ratio) in zip(pending, zip(*[iter(verdicts)] * 3)):
+        found[p.slot] = _located(p.name, int(count), p.ratio.numel(), int(worst), worst_ratio, p.axes,
+                                 p.actual, p.expected, p.ratio, p.err, p.bound)
+    return found
+
+
+def _bitwise(name: str, actual: torch.Tensor, expected: torch.Tensor, axes: tuple[str, ...]) -> Mismatch:
+    actual_cpu, expected_cpu = actual.detach().cpu(), expected.detach().cpu()
+    off = _bits(actual_cpu) != _bits(expected_cpu)
+    count = int(off.sum())
+    worst = int(torch.nonzero(off.flatten())[0]) if count else 0
+    return _located(name, count, off.numel(), worst, math.inf if count else 0.0, axes, actual_cpu, expected_cpu,
+                    torch.where(off, math.inf, 0.0), None, None)
+
+
+def _located(name: str, count: int, total: int, worst: int, worst_ratio: float, axes: tuple[str, ...],
+             actual: torch.Tensor, expected: torch.Tensor, ratio: torch.Tensor, err: torch.Tensor | None,
+             bound: torch.Tensor | None) -> Mismatch:
+    """The Mismatch of a comparison whose verdict is known: the worst element's values only when one is off."""
     if not count:
-        return Mismatch(name, 0, off.numel(), worst_ratio, axes=axes)
+        return Mismatch(name, 0, total, worst_ratio, axes=axes)
 
     def at(tensor: torch.Tensor) -> float:
         return float(tensor.flatten()[worst])
 
     return Mismatch(
-        name, count, off.numel(), at(ratio), _unravel(worst, expected.shape), at(actual_cpu), at(expected_cpu),
+        name, count, total, at(ratio), _unravel(worst, expected.shape), at(actual), at(expected),
         err=at(err) if err is not None else math.inf, bound=at(bound) if bound is not None else None, axes=axes,
     )
 
 
 def check_against_reference(output: torch.Tensor, lse: torch.Tensor | None, reference: Reference) -> list[Mismatch]:
     """Output (and lse, unless None: an implementation that returns none) against the oracle's answer and bound."""
-    checked = [compare("output", output, reference.output, reference.output_bound)]
+    comparisons = [("output", output, reference.output, reference.output_bound)]
     if lse is not None:
-        checked.append(compare("lse", lse, reference.lse, reference.lse_bound))
-    return checked
+        comparisons.append(("lse", lse, reference.lse, reference.lse_bound))
+    return compare_all(comparisons)
 
 
 def raise_if_any(mismatches: list[Mismatch], context: str = "") -> None:

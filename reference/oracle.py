@@ -135,17 +135,24 @@ def attend(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     sm_scale: float | None = None,
+    *,
+    indptr_on_host: list[int] | None = None,
 ) -> Reference:
     """The float64 result of the kernel's contract, with the error bound it allows.
 
     Takes the same arguments as ``kernel.run`` and assumes they are valid (the
     property suite only feeds it valid cases). Runs on the inputs' device.
+    ``indptr_on_host``, when the caller holds ``kv_indptr``'s values as a list, saves
+    the one read-back from the device.
     """
     scale = float32_scale(sm_scale)
     indptr = kv_indptr.long()
     starts = indptr[:-1]
     lengths = indptr[1:] - starts
-    on_host = lengths.tolist()  # the one host sync: the lengths, for chunking, padding and the bound's factors
+    if indptr_on_host is None:  # the one host sync: the lengths, for chunking, padding and the bound's factors
+        on_host = lengths.tolist()
+    else:
+        on_host = [end - start for start, end in zip(indptr_on_host, indptr_on_host[1:])]
     runs = _chunks(on_host)
     factors = sequence_factors(on_host, q.device)
     if len(runs) == 1:  # the whole batch at once: no slices

@@ -67,6 +67,20 @@ def test_pool_fill_and_seed_change_only_what_they_should():
     assert not torch.equal(inputs.q, other_seed.q)
 
 
+@pytest.mark.parametrize("index_layout", ["int32", "int64_strided"])
+def test_host_indptr_is_known_only_for_the_builders_unchanged_tensor(index_layout):
+    """The oracle may skip reading kv_indptr back only while it holds exactly what the builder put there."""
+    inputs = build(DecodeCase(lengths=(5, 0, 9), index_layout=index_layout), observe=False)
+    indptr = inputs.kv_indptr
+    assert cases.host_indptr(indptr) == [0, 5, 5, 14] == indptr.tolist()
+    assert cases.host_indptr(indptr.clone()) is None  # equal values, another tensor: read it back
+    (indptr._base if indptr._base is not None else indptr).add_(0)  # written in place (a view's base too)
+    assert cases.host_indptr(indptr) is None
+    remembered = len(cases._host_indptrs)
+    del inputs, indptr
+    assert len(cases._host_indptrs) == remembered - 1  # forgotten with the tensor
+
+
 def test_normal_values_have_standard_moments():
     q, k, v = VALUE_REGIMES["normal"](cases._Stream(cases._key(1, 1), torch.device("cpu")), 16, 4096)
     for t in (q, k, v):

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties.cases import DecodeCase, build
+from properties.cases import DecodeCase, build, host_indptr
 from properties.strategies import SizeLimits, decode_cases
 from reference import attend, float32_scale
 
@@ -117,3 +117,14 @@ def test_bound_is_the_same_one_head_or_all_heads_at_a_time(monkeypatch):
     whole = attend(*inputs)
     monkeypatch.setattr(bound, "_DEVIATION_ELEMENTS", 1)  # one query head per pass
     torch.testing.assert_close(attend(*inputs), whole, rtol=1e-12, atol=1e-15)
+
+
+@settings(max_examples=30)
+@given(case=decode_cases(limits=SMALL))
+def test_lengths_known_on_the_host_give_the_same_bits(case):
+    """The builder's host copy of kv_indptr (no read-back) gives the oracle's every output bit for bit."""
+    inputs = build(case)
+    known = host_indptr(inputs.kv_indptr)
+    assert known == inputs.kv_indptr.tolist()
+    for read_back, given in zip(attend(*inputs), attend(*inputs, indptr_on_host=known)):
+        assert torch.equal(read_back.view(torch.int64), given.view(torch.int64))
