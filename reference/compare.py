@@ -136,8 +136,8 @@ def compare_all(comparisons: list[tuple[str, torch.Tensor, torch.Tensor, torch.T
         else:
             err, ratio = error_ratio(actual, expected, bound)
             flat = ratio.flatten()
-            at_worst = flat.argmax()
-            verdict = torch.stack([(flat > 1).sum().double(), at_worst.double(), flat[at_worst]])
+            worst_ratio, at_worst = flat.max(dim=0)  # not flat[flat.argmax()]: a tensor index is read back
+            verdict = torch.stack([(flat > 1).sum().double(), at_worst.double(), worst_ratio])
             pending.append(_Pending(len(found), name, named_axes, actual, expected, bound, err, ratio, verdict))
             found.append(None)
     verdicts = torch.cat([p.verdict for p in pending]).tolist() if pending else []
