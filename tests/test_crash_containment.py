@@ -103,3 +103,18 @@ def test_the_suite_running_out_of_memory_is_an_infrastructure_error_not_a_failur
     assert result.returncode == 1, result.stdout + result.stderr
     assert "1 error" in result.stdout and "failed" not in result.stdout.splitlines()[-1], result.stdout
     assert "SuiteOutOfMemory" in result.stdout and not (tmp_path / "failures").exists()
+
+
+def test_a_fault_that_surfaces_after_the_call_is_contained_too(tmp_path):
+    """A sticky error raised where the example reads the result (as a GPU's asynchronous fault, or under MPS
+    another process's fault, surfaces at the next synchronisation), not inside the guarded call."""
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound", "--device=cpu",
+                        "--impl=tests/impls/asynchronous_cuda_fault.py:run", "--hypothesis-profile=ci", "-n", "0",
+                        env=env)
+    assert result.returncode == 2, result.stdout + result.stderr  # the session stops
+    assert "Interrupted: the CUDA context was lost in properties/test_decode.py" in result.stdout, result.stdout
+    # Contained at the first such example: Hypothesis neither shrinks nor replays it in a dead context.
+    raised = [line for line in result.stdout.splitlines() if re.match(r"E\s+[\w.]+(Error|Lost):", line)]
+    assert "CudaContextLost" in raised[-1] and "Failing test case" not in result.stdout, result.stdout
+    assert len(list((tmp_path / "failures").glob("*.pt"))) == 1

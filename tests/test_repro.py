@@ -138,3 +138,27 @@ def test_small_arguments_are_copied_at_the_call_and_survive_a_fault(tmp_path):
     assert torch.equal(restored[3], broken)
     torch.testing.assert_close(restored[1], inputs.k_cache, rtol=0, atol=0, equal_nan=True)
     assert path.stat().st_size < 64 * 1024
+
+
+def test_replay_exit_status_says_reproduced_only_when_it_did(tmp_path):
+    """1 when the case faults again, also where the sticky error surfaces after the call (as a GPU's does);
+    3, not 0, when a call could not be rebuilt: crash replays under MPS (properties/_plugin/mps.py) read 0
+    as "passed alone"."""
+    record = casefiles.Recorder()
+    record.begin("tests/x.py::test_x")
+    inputs = build(CASE)
+    record.note_build(CASE, inputs)
+    record.note_call(tuple(inputs[:5]), {})
+    path = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
+                               device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False)
+    replay = run_module("properties.repro", str(path), "--device", "cpu", "--no-png",
+                        "--impl", "tests/impls/asynchronous_cuda_fault.py:run")
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "reproduced on cpu: a sticky CUDA error" in replay.stdout and "Traceback" not in replay.stderr
+
+    record.note_call((*inputs[:4], torch.zeros(2**21, dtype=torch.int32)), {})  # too big to copy, then unreadable
+    partial = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access",
+                                  impl_spec="tests/impls/torch_float32.py:run", device=torch.device("cpu"),
+                                  profile="ci", run_id="r1", device_readable=False)
+    replay = run_module("properties.repro", str(partial), "--device", "cpu", "--no-png")
+    assert replay.returncode == 3 and "not replayed in full" in replay.stdout, replay.stdout + replay.stderr

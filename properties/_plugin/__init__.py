@@ -2,7 +2,8 @@
 
 ``target`` (what is under test, and where), ``gpus`` (xdist workers on GPUs), ``shards``
 (properties split over workers; one report per failing property), ``knobs`` (kernel
-knobs drawn per example), ``containment`` (CUDA faults), ``casefiles`` (failing
-examples saved for replay), ``profiles`` (Hypothesis profiles and databases).
+knobs drawn per example), ``containment`` (CUDA faults), ``mps`` (crashes under MPS,
+replayed alone), ``casefiles`` (failing examples saved for replay), ``profiles``
+(Hypothesis profiles and databases), ``run_report``.
 Nothing here imports torch at package import: ``plugin`` pins the GPU first.
 """

@@ -14,6 +14,9 @@ CPU from its descriptor: device memory is unreadable by then) and stops:
 
 The same path runs on CPU for an implementation that raises CUDA's message, so
 it is tested without a GPU (tests/test_crash_containment.py).
+
+Under MPS one process's fault reaches every process on its GPU with the same message, so
+a contained crash there may be a neighbour's: ``mps`` replays each one alone after the run.
 """
 
 from __future__ import annotations
@@ -98,7 +101,9 @@ class Guard:
     def shielding(self, example: Callable) -> Callable:
         """``example`` (one Hypothesis example of a test) that, once the context is lost, raises only
         ``CudaContextLost``: before running (no example runs in a dead context) and instead of whatever
-        ordinary exception a cleanup raised after the fault (which Hypothesis would shrink)."""
+        ordinary exception a cleanup raised after the fault (which Hypothesis would shrink). A sticky error
+        that surfaces outside the implementation's call (the builder, the oracle) is contained here: under
+        MPS another process's fault shows wherever this one next touches the GPU."""
 
         @functools.wraps(example)
         def shielded(*args, **kwargs):
@@ -109,6 +114,8 @@ class Guard:
             except Exception as error:
                 if self.lost is not None:
                     raise CudaContextLost(self.lost) from error
+                if is_sticky_cuda_error(error):
+                    self.contain(error)
                 raise
 
         return shielded

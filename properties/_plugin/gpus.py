@@ -9,6 +9,9 @@ with ``CUDA_VISIBLE_DEVICES``. All workers share the one Triton cache (``TRITON_
 Triton's default): Triton writes each entry atomically, so a kernel specialisation that any
 worker of any earlier run compiled is loaded, not compiled again in every worker.
 
+Whether the run's CUDA processes join an MPS server (``mps_control_pipe``) is decided here too:
+under MPS one process's GPU fault reaches every process on that GPU (see ``properties/_plugin/mps.py``).
+
 Nothing here imports torch at module level: it runs before the worker is pinned.
 """
 
@@ -19,16 +22,18 @@ import fcntl
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
 SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, where the env variable is unset
 
-__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "pin_this_worker",
-           "release_slots", "share_cores", "visible_gpu_ids", "workers_per_gpu"]
+__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "mps_control_pipe",
+           "pin_this_worker", "release_slots", "share_cores", "visible_gpu_ids", "workers_per_gpu"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,18 @@ def visible_gpu_ids(count: int) -> list[str]:
     if visible:
         return [gpu.strip() for gpu in visible.split(",") if gpu.strip()][:count]
     return [str(index) for index in range(count)]
+
+
+def mps_control_pipe(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The MPS control pipe this run's CUDA processes join, or None when they run without MPS.
+
+    The CUDA driver joins an MPS server when a ``control`` pipe exists in ``$CUDA_MPS_PIPE_DIRECTORY``
+    (``/tmp/nvidia-mps`` when unset), so this checks the same entry: one ``stat``, no CUDA call.
+    ``environ`` defaults to this process's environment, which the workers inherit.
+    """
+    environ = os.environ if environ is None else environ
+    pipe = Path(environ.get(MPS_PIPE_ENV) or DEFAULT_MPS_PIPE_DIRECTORY) / "control"
+    return pipe if os.path.exists(pipe) else None  # False, not an error, where the directory is unreadable
 
 
 def export_gpus(gpu_ids: list[str], workers_per_gpu: int) -> Path:

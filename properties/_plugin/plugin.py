@@ -7,6 +7,9 @@ stage owned by one module:
   strategy (``strategies``) -> builder (``cases``) -> guarded call (``containment``) ->
   oracle, bound and comparison (``reference``) -> verdict (``SuiteRun.pytest_runtest_makereport``)
   -> case file (``casefiles``) -> run report (``run_report``) -> replay (``properties.repro``).
+
+Under MPS (``gpus.mps_control_pipe``) a crash is believed only once its case file, replayed alone
+at the end of the run, faults again (``mps``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # n
 
 from .. import cases, stages  # noqa: E402
 from ..strategies import SizeLimits  # noqa: E402
-from . import casefiles, knobs, profiles, run_report, shards  # noqa: E402
+from . import casefiles, knobs, mps, profiles, run_report, shards  # noqa: E402
 from .containment import CudaContextLost, Guard, is_sticky_cuda_error  # noqa: E402
 from .target import (  # noqa: E402
     DEFAULT_IMPL,
@@ -286,6 +289,9 @@ class SuiteRun:
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
         self.report_warm_up: threading.Thread | None = None
         self.report_writer: _InThread | None = None
+        self.mps_pipe = gpus.mps_control_pipe()
+        self.crashes: dict[str, str | None] = {}  # crashes this process reports: node id -> case file, if saved
+        self.replays: list[mps.Replay] = []
         cases.add_build_observer(self.recorder.note_build)
         # What each test item builds, how far it got and where its time went.
         synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
@@ -329,7 +335,8 @@ class SuiteRun:
         return [f"gqa-decode: impl={state.target.spec} contract={state.contract} "
                 f"device={state.device} case-sizes={state.sizes} hypothesis-profile={shards.profile_name()} "
                 f"shards={config.option.shards} run={state.run_id}",
-                *(f"gqa-decode: the implementation declares {said}" for said in state.target.declarations())]
+                *(f"gqa-decode: the implementation declares {said}" for said in state.target.declarations()),
+                *([mps.header_line(self.mps_pipe)] if self.mps_pipe else [])]
 
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
         """A test the suite could not run (its own allocation failed) counts as an error, not a failure."""
@@ -444,6 +451,8 @@ class SuiteRun:
         path = self._save_case(error, device_readable=False)
         if path is None:
             raise RuntimeError(self._budget_note())
+        if self.state.worker is None:  # without xdist this process reports its own crash
+            self.crashes[nodeid] = str(path)
         return path
 
     def _gpu(self) -> str | None:
@@ -466,6 +475,7 @@ class SuiteRun:
         for entry in saved:
             report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
                                f"replay: {casefiles.replay_command(entry['path'])}")
+        self.crashes[crashitem] = saved[0]["path"] if saved else None
         self._report_crash(crashitem, "crashed", saved[0] if saved else None)
 
     def _report_crash(self, nodeid: str, outcome: str, saved: dict | None = None) -> None:
@@ -492,18 +502,31 @@ class SuiteRun:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """A completed run under xdist: every worker has finished its session (and its part file), so the
         report is drawn in a thread while xdist's own ``pytest_sessionfinish`` waits a second or two for the
-        worker processes to exit, not after it."""
-        if self.is_controller and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        worker processes to exit, not after it; unless crashes wait to be replayed (MPS), which needs them
+        gone."""
+        if self.is_controller and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not (
+                self.mps_pipe and self.crashes):
             self.report_writer = _InThread(self._write_report, "gqa-decode-report")
 
     @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
-    def pytest_sessionfinish_after_workers(self) -> None:
+    def pytest_sessionfinish_after_workers(self, session: pytest.Session, exitstatus: int) -> None:
         """The report, once xdist has shut its workers down: waits for the thread above, or writes it here
-        (without xdist; an interrupted run, -x or Ctrl-C, whose workers' items in flight belong in it)."""
+        (without xdist; an interrupted run, -x or Ctrl-C, whose workers' items in flight belong in it; a run
+        whose crashes are replayed first, under MPS)."""
         if self.report_writer is not None:
             self.report_writer.join()
-        else:
-            self._write_report()
+            return
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED and not session.shouldstop  # Ctrl-C: no replays
+        if self.mps_pipe and self.crashes and not self.state.worker and not interrupted:
+            self._replay_crashes()
+        self._write_report()
+
+    def _replay_crashes(self) -> None:
+        """Replay each crash alone (``mps``): on the GPUs the run used, one lane each, or where this process
+        runs without xdist."""
+        lanes = [gpu for gpu in os.environ.get(gpus.GPU_IDS_ENV, "").split(",") if gpu] or [None]
+        self.replays = mps.replay_crashes(self.crashes, device=self.state.device.type, root=self.config.rootpath,
+                                          lanes=lanes)
 
     def _write_report(self) -> None:
         if self.report_warm_up is not None:
@@ -511,6 +534,8 @@ class SuiteRun:
         directory = self.state.report_dir
         if self.state.worker or directory is None or not directory.is_dir():
             return
+        if self.mps_pipe:
+            mps.save(directory, self.mps_pipe, self.replays)
         self.report_path = run_report.write_report(directory, self.state.run_id)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -523,6 +548,16 @@ class SuiteRun:
             terminalreporter.write_sep("=", "gqa-decode: failures saved as case files")
             for entry in saved:
                 terminalreporter.write_line(f"{entry['nodeid']}\n    {casefiles.replay_command(entry['path'])}")
+        if self.replays:
+            terminalreporter.write_sep("=", "gqa-decode: crashes replayed alone (MPS: one process's GPU fault "
+                                            "reaches every process on its GPU)")
+            for replay in self.replays:
+                said = f"ERROR (not a crash of this property): {replay.nodeid}\n    {mps.COLLATERAL}" \
+                    if replay.collateral else f"CRASHED: {replay.nodeid}\n    {replay.status}: {replay.detail}"
+                terminalreporter.write_line(said)
+            if any(replay.collateral for replay in self.replays):
+                terminalreporter.write_line("pytest still counts every crash as failed: the crashed properties "
+                                            "were cut short, so the run cannot pass.")
         if self.report_path is not None:
             terminalreporter.write_sep("-", "gqa-decode run report")
             table = [line for line in self.report_path.read_text(encoding="utf-8").splitlines()

@@ -6,7 +6,9 @@ test builds, every example it runs and the worst err/bound Hypothesis was told a
 appends one JSON line per test item to ``reports/<run>/parts-*.jsonl`` with the
 item's outcome, tier, case file and error. At session end the controller merges the
 lines per property (shards together) into ``report.md``, ``report.json`` and one PNG
-summary; both lead with the verdict (a failing run never looks green).
+summary; both lead with the verdict (a failing run never looks green). Under MPS the
+controller first replays each crash alone (``mps``): a crash whose case passed alone is
+merged as an error, not as a crash of its property.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 from hypothesis.errors import HypothesisException
 
 from ..stages import SAMPLE_EVERY, STAGES, StageClock
+from . import mps
+from .casefiles import replay_command
 from .shards import example_targets, property_name
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "warm_up", "write_report"]
@@ -191,10 +195,12 @@ class ItemCounter:
 
 # ---- outcomes and verdicts ------------------------------------------------------------------
 
-# "error": the suite itself could not run the item (it could not allocate its own inputs): no verdict on the kernel.
+# "error": no verdict on the kernel: the suite itself could not run the item (it could not allocate its own inputs),
+# or, under MPS, the item crashed but its case passed when replayed alone (``mps.COLLATERAL``).
 OUTCOMES = ("passed", "failed", "crashed", "skipped", "stopped", "error")
 # A property's verdict is the worst of its items' outcomes. A stopped shard counts as failed: it stopped
-# because a sibling failed (even when that sibling's line is missing, e.g. its worker died first).
+# because a sibling failed (even when that sibling's line is missing, e.g. its worker died first); as an error
+# when the sibling's crash turned out not to be the kernel's (``_finish``).
 VERDICTS = ("crashed", "failed", "error", "passed", "skipped")  # worst first: the table's order
 _VERDICT_OF = {"crashed": "crashed", "failed": "failed", "stopped": "failed", "error": "error", "passed": "passed",
                "skipped": "skipped"}
@@ -240,10 +246,11 @@ def workers_table(directory: Path) -> list[str]:
 def _new_entry() -> dict:
     return {"items": 0, "cases": 0, "sequences": 0, "examples": 0, "failed_examples": 0, "worst": None,
             "seconds": 0.0, "counts": {d: Counter() for d in DIMENSIONS}, "outcomes": Counter(), "tiers": [],
-            "failures": []}
+            "failures": [], "collateral": False}
 
 
-def _add_item(entry: dict, item: dict) -> None:
+def _add_item(entry: dict, item: dict, collateral: bool = False) -> None:
+    """Add one item's line to its property's entry; ``collateral``: a crash whose case passed alone (MPS)."""
     entry["items"] += 1
     for key in ("cases", "sequences", "examples", "failed_examples", "seconds"):
         entry[key] += item.get(key, 0)
@@ -251,13 +258,15 @@ def _add_item(entry: dict, item: dict) -> None:
         entry["worst"] = item["worst"] if entry["worst"] is None else max(entry["worst"], item["worst"])
     for dimension, counts in item.get("counts", {}).items():
         entry["counts"].setdefault(dimension, Counter()).update(counts)
-    outcome = item_outcome(item)
+    outcome, error = item_outcome(item), item.get("error")
+    if collateral and outcome in _FAILING:
+        outcome, error, entry["collateral"] = "error", mps.COLLATERAL, True
     entry["outcomes"][outcome] += 1
     if item.get("tier") and item["tier"] not in entry["tiers"]:
         entry["tiers"].append(item["tier"])
-    if outcome in _FAILING:
+    if outcome in (*_FAILING, "error"):
         entry["failures"].append({"nodeid": item.get("nodeid", ""), "outcome": outcome,
-                                  "case_file": item.get("case_file"), "error": item.get("error")})
+                                  "case_file": item.get("case_file"), "error": error})
 
 
 def _case_file_size(path: str | None) -> float:
@@ -275,7 +284,7 @@ def _chosen_failure(failures: list[dict], verdict: str) -> dict | None:
     its size grows with the counterexample: the smallest is the easiest to replay and read); ties and
     files that cannot be read fall back to node-id order, so the choice is deterministic.
     """
-    candidates = [f for f in failures if f["outcome"] == verdict] or failures
+    candidates = [f for f in failures if f["outcome"] == verdict] or [f for f in failures if f["outcome"] in _FAILING]
     if not candidates:
         return None
     return min(candidates, key=lambda f: (f["case_file"] is None, _case_file_size(f["case_file"]), f["nodeid"]))
@@ -284,7 +293,10 @@ def _chosen_failure(failures: list[dict], verdict: str) -> dict | None:
 def _finish(entry: dict) -> None:
     """Verdict, shard counts, the chosen case file and examples/s, from the summed items."""
     outcomes = entry["outcomes"]
-    entry["verdict"] = next((v for v in VERDICTS if any(_VERDICT_OF[o] == v for o in outcomes)), "passed")
+    verdict_of = _VERDICT_OF
+    if entry.pop("collateral") and not outcomes["failed"] + outcomes["crashed"]:
+        verdict_of = {**_VERDICT_OF, "stopped": "error"}  # they stopped for a crash that was not the kernel's
+    entry["verdict"] = next((v for v in VERDICTS if any(verdict_of[o] == v for o in outcomes)), "passed")
     entry["failing_shards"] = outcomes["failed"] + outcomes["crashed"]
     entry["stopped_shards"] = outcomes["stopped"]
     chosen = _chosen_failure(entry.pop("failures"), entry["verdict"])
@@ -303,11 +315,17 @@ def merge(directory: Path) -> dict[str, dict]:
     """
     merged: dict[str, dict] = {}
     if directory.is_dir():
+        collateral = {replay.nodeid for replay in _mps(directory)[1] if replay.collateral}
         for item in _lines(directory):
-            _add_item(merged.setdefault(item["property"], _new_entry()), item)
+            _add_item(merged.setdefault(item["property"], _new_entry()), item, item.get("nodeid") in collateral)
     for entry in merged.values():
         _finish(entry)
     return merged
+
+
+def _mps(directory: Path) -> tuple[str | None, list[mps.Replay]]:
+    """The MPS control pipe the run joined (None: no MPS) and its crash replays."""
+    return mps.load(directory) or (None, [])
 
 
 def ordered(merged: dict[str, dict]) -> list[str]:
@@ -319,7 +337,7 @@ def verdict_line(merged: dict[str, dict]) -> str:
     """'FAILED: 3 of 26 properties failed, 1 crashed' or 'PASSED: 26 properties' (skipped ones added)."""
     count = Counter(entry["verdict"] for entry in merged.values())
     total, skipped = len(merged), f", {count['skipped']} skipped" if count["skipped"] else ""
-    skipped += f", {count['error']} not run (infrastructure error)" if count["error"] else ""
+    skipped += f", {count['error']} without a verdict (error)" if count["error"] else ""
     bad = [(count[v], v) for v in _FAILING[::-1] if count[v]]  # failed before crashed
     if not bad:
         if count["error"]:
@@ -427,9 +445,33 @@ def _failures_list(merged: dict[str, dict]) -> list[str]:
         stopped = f", {entry['stopped_shards']} stopped early" if entry["stopped_shards"] else ""
         lines.append(f"- `{name}` {entry['verdict']} ({entry['failing_shards']} of {entry['items']} shards failed"
                      f"{stopped}): {entry['error'] or '(no message: the failing shard left no line)'}")
-        if entry["case_file"]:
-            lines.append(f"  replay: `python -m properties.repro {entry['case_file']}`")
+        lines += _replay_line(entry)
     return lines
+
+
+def _errors_list(merged: dict[str, dict]) -> list[str]:
+    erring = [name for name in ordered(merged) if merged[name]["verdict"] == "error"]
+    if not erring:
+        return []
+    lines = ["", "## Errors (no verdict on the kernel)", ""]
+    for name in erring:
+        entry = merged[name]
+        lines.append(f"- `{name}`: {entry['error'] or 'the suite could not run it (infrastructure error)'}")
+        lines += _replay_line(entry)
+    return lines
+
+
+def _replay_line(entry: dict) -> list[str]:
+    return [f"  replay: `{replay_command(entry['case_file'])}`"] if entry["case_file"] else []
+
+
+def _replays_list(replays: list[mps.Replay]) -> list[str]:
+    """Each crash replayed alone under MPS: what the replay found, and so what the crash counts as."""
+    if not replays:
+        return []
+    return ["", "## Crashes replayed alone (MPS)", "",
+            *(f"- `{r.nodeid}`: {r.status}{' (kept as crashed)' if r.status == mps.UNCONFIRMED else ''}, "
+              f"{r.seconds:.1f} s: {r.detail}" for r in replays)]
 
 
 def _coverage(merged: dict[str, dict]) -> list[str]:
@@ -471,12 +513,12 @@ def _stages(breakdown: dict[str, float] | None) -> list[str]:
             f"| total | {total:.2f} | {1e3 / total:.0f} examples/s per worker |" if total else "| total | 0 | - |"]
 
 
-def _markdown(merged: dict[str, dict], run_id: str) -> str:
-    """The verdict (run id, tier, verdict line, table, failures), then coverage per property."""
+def _markdown(merged: dict[str, dict], run_id: str, mps_line: str | None, replays: list[mps.Replay]) -> str:
+    """The verdict (run id, tier, verdict line, MPS, table, failures, errors, crash replays), then coverage."""
     lines = [f"# Run report {run_id}", "", f"Tier: {run_tier(merged)}", "", f"**{verdict_line(merged)}**", "",
-             *verdict_table(merged), "",
+             *([mps_line, ""] if mps_line else []), *verdict_table(merged), "",
              "Worst err/bound is over passing examples; a failing example exceeds 1 by definition.",
-             *_failures_list(merged), *_coverage(merged)]
+             *_failures_list(merged), *_errors_list(merged), *_replays_list(replays), *_coverage(merged)]
     return "\n".join(lines) + "\n"
 
 
@@ -544,6 +586,7 @@ def _coverage_panel(axis, dimension: str, labels: list[str], counts: list[int]) 
 # The figure's layout, in inches. Explicit, from the measured label widths: tight_layout measured every
 # artist of the figure (and made savefig draw it twice), most of the PNG's time.
 _SUPTITLE_BAND = 0.6  # the figure's title, above everything
+_NOTE_BAND = 0.3  # a line under the title (MPS), where there is one
 _TOP_PANEL_TITLE = 0.3  # an axes' title, above the axes (6 points of pad and the text)
 _COVERAGE_TITLE = 0.35
 _VERDICT_XAXIS = 0.65  # below the verdict strip: its tick labels and x label
@@ -574,8 +617,9 @@ def _coverage_labels(merged: dict[str, dict], dimension: str) -> tuple[list[str]
     return labels, [total[label] for label in labels]
 
 
-def _summary_png(merged: dict[str, dict], path: Path, run_id: str) -> None:
-    """Verdict strip and worst err/bound on top (height grows with the properties), coverage below."""
+def _summary_png(merged: dict[str, dict], path: Path, run_id: str, note: str | None = None) -> None:
+    """Verdict strip and worst err/bound on top (height grows with the properties), coverage below; ``note``,
+    one line under the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -586,7 +630,8 @@ def _summary_png(merged: dict[str, dict], path: Path, run_id: str) -> None:
     columns = 3
     coverage_rows = math.ceil(len(shown) / columns)
     top_height = max(3.2, 0.3 * len(names) + 1.2)
-    width, height = 5.0 * columns, _SUPTITLE_BAND + top_height + _COVERAGE_ROW * coverage_rows
+    band = _SUPTITLE_BAND + (_NOTE_BAND if note else 0.0)
+    width, height = 5.0 * columns, band + top_height + _COVERAGE_ROW * coverage_rows
     figure = plt.figure(figsize=(width, height))
     renderer = figure.canvas.get_renderer()
 
@@ -598,7 +643,7 @@ def _summary_png(merged: dict[str, dict], path: Path, run_id: str) -> None:
     names_width, _ = _text_size(renderer, [short_name(n) for n in names], 9)
     left, right, gap = _EDGE + names_width + _TICK_SPACE, width - 0.35, 0.4
     split = left + 2 * (right - left - gap) / 3
-    top, bottom = _SUPTITLE_BAND + _TOP_PANEL_TITLE, _SUPTITLE_BAND + top_height - _VERDICT_XAXIS
+    top, bottom = band + _TOP_PANEL_TITLE, band + top_height - _VERDICT_XAXIS
     _verdict_panel(axes(left, top, split, bottom), merged, names)
     _worst_panel(axes(split + gap, top, right, bottom), merged, names)
 
@@ -613,7 +658,7 @@ def _summary_png(merged: dict[str, dict], path: Path, run_id: str) -> None:
     panel = (width - _EDGE - inner - 0.35 - 2 * gap) / columns
     for slot, dimension in enumerate(shown):
         row, column = divmod(slot, columns)
-        row_top = _SUPTITLE_BAND + top_height + _COVERAGE_ROW * row
+        row_top = band + top_height + _COVERAGE_ROW * row
         panel_left = _EDGE + inner + column * (panel + gap)
         _coverage_panel(axes(panel_left, row_top + _COVERAGE_TITLE, panel_left + panel,
                              row_top + _COVERAGE_ROW - below), dimension, *bars[dimension])
@@ -621,6 +666,9 @@ def _summary_png(merged: dict[str, dict], path: Path, run_id: str) -> None:
     figure.suptitle(f"{line}   (tier {run_tier(merged)}, run {run_id}, "
                     f"{sum(e['examples'] for e in merged.values())} examples)", fontsize=14, fontweight="bold",
                     color="tab:green" if line.startswith("PASSED") else "tab:red", y=1 - 0.15 / height)
+    if note:  # one line, its font shrunk to the figure's width where it is long (a long pipe path)
+        size = min(10.0, 10.0 * (width - 2 * _EDGE) / _text_size(renderer, [note], 10.0)[0])
+        figure.text(0.5, 1 - (_SUPTITLE_BAND - 0.05) / height, note, ha="center", va="top", fontsize=size)
     figure.savefig(path, dpi=80)
     plt.close(figure)
 
@@ -652,23 +700,26 @@ def write_report(directory: Path, run_id: str) -> Path | None:
     """Merge the part files into report.md, report.json and summary.png; None when no property ran.
 
     report.json maps each property to its merged entry (as before, plus the verdict fields); run.json holds
-    the run-level verdict, tier and throughput.
+    the run-level verdict, tier, throughput and, under MPS, the line saying so (``mps``).
     """
     merged = merge(directory)
     if not merged:
         return None
     lines = _lines(directory)
+    pipe, replays = _mps(directory)
+    mps_line = mps.report_line(pipe, replays) if pipe else None
     (directory / "report.json").write_text(json.dumps(
         {name: {**entry, "counts": {d: dict(c) for d, c in entry["counts"].items()}}
          for name, entry in merged.items()}, indent=1), encoding="utf-8")
     (directory / "run.json").write_text(json.dumps(
         {"run": run_id, "tier": run_tier(merged), "verdict": verdict_line(merged),
-         "throughput": run_throughput(lines), "gpus": gpu_throughput(lines)}, indent=1), encoding="utf-8")
+         "throughput": run_throughput(lines), "gpus": gpu_throughput(lines), "mps": mps_line}, indent=1),
+        encoding="utf-8")
     report = directory / "report.md"
     workers = ["", "## Workers", "", *workers_table(directory), *_throughput(lines)]
     try:
-        _summary_png(merged, directory / "summary.png", run_id)
+        _summary_png(merged, directory / "summary.png", run_id, note=mps_line)
     except ImportError:  # matplotlib missing (a bare GPU image): the report stays, without its picture
         workers += ["", "(no summary.png: matplotlib is not installed)"]
-    report.write_text(_markdown(merged, run_id) + "\n".join(workers) + "\n", encoding="utf-8")
+    report.write_text(_markdown(merged, run_id, mps_line, replays) + "\n".join(workers) + "\n", encoding="utf-8")
     return report
