@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="directory for the JSON results")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda", help="stages: where to run")
     parser.add_argument("--examples", type=int, default=400, help="stages, syncs: examples to run")
-    parser.add_argument("--case-sizes", choices=("small", "large"), default=None, help="stages, syncs: case size limits")
+    parser.add_argument("--case-sizes", choices=("small", "large"), default=None,
+                        help="stages, syncs: case size limits")
     parser.add_argument("--gpus", default="1,2", help="scaling: GPU counts to compare, first is the baseline")
     parser.add_argument("--max-examples", type=int, default=None,
                         help="scaling: examples per property (default: the profile's)")

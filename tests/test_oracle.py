@@ -126,5 +126,5 @@ def test_lengths_known_on_the_host_give_the_same_bits(case):
     inputs = build(case)
     known = host_indptr(inputs.kv_indptr)
     assert known == inputs.kv_indptr.tolist()
-    for read_back, given in zip(attend(*inputs), attend(*inputs, indptr_on_host=known)):
-        assert torch.equal(read_back.view(torch.int64), given.view(torch.int64))
+    for read_back, from_host in zip(attend(*inputs), attend(*inputs, indptr_on_host=known)):
+        assert torch.equal(read_back.view(torch.int64), from_host.view(torch.int64))
