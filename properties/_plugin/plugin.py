@@ -137,6 +137,7 @@ class RunState:
 
 
 RUN = pytest.StashKey[RunState]()
+WORKER_DEVICE_KEY = "gqa_decode_device"  # xdist workerinput: the device the controller resolved
 SUITE_RUN = "gqa-decode-run"  # the name the SuiteRun object is registered under
 INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
 _active: RunState | None = None  # for test modules, which build their strategies when imported
@@ -160,12 +161,22 @@ def _tier(option: str, spec: str) -> str:
     return "strict" if spec == DEFAULT_IMPL else "correct"
 
 
+def _device_choice(config: pytest.Config) -> str:
+    """``--device``; in an xdist worker, the device its controller resolved ``auto`` to. A worker that
+    resolved ``auto`` itself would go to the CPU interpreter, silently, whenever CUDA failed to start in
+    it (under MPS a GPU whose faulted processes are still exiting refuses new ones): it must fail instead."""
+    workerinput = getattr(config, "workerinput", {})
+    return workerinput.get(WORKER_DEVICE_KEY, config.option.device)
+
+
 def _run_state(config: pytest.Config) -> RunState:
     option = config.option
     try:
-        device = resolve_device(option.device)
+        device = resolve_device(_device_choice(config))
         target = load_target(option.impl, root=config.rootpath)
     except (DeviceError, ImplSpecError) as error:
+        if WORKER_DEVICE_KEY in getattr(config, "workerinput", {}):
+            error = f"xdist worker on the run's device: {error}"
         raise pytest.UsageError(str(error)) from None
     role = _xdist_role(config)
     worker = get_xdist_worker_id(role) if is_xdist_worker(role) else None
@@ -329,6 +340,11 @@ class SuiteRun:
                 for path in directory.glob(pattern):
                     path.unlink(missing_ok=True)
                 directory.rmdir()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        """xdist controller: every worker runs on the device this run resolved (``_device_choice``)."""
+        node.workerinput[WORKER_DEVICE_KEY] = self.state.device.type
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         state = self.state
