@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from .bound import SoftmaxTerms, error_bounds, sequence_factors
+from .transfer import to_device
 
 NUM_QO_HEADS = 32
 NUM_KV_HEADS = 4
@@ -142,17 +143,20 @@ def attend(
 
     Takes the same arguments as ``kernel.run`` and assumes they are valid (the
     property suite only feeds it valid cases). Runs on the inputs' device.
-    ``indptr_on_host``, when the caller holds ``kv_indptr``'s values as a list, saves
-    the one read-back from the device.
+    ``indptr_on_host``, the values the caller put in ``kv_indptr`` (a list), is used
+    instead of that tensor: no read-back from the device, and a kernel that wrote into
+    its kv_indptr is still held to the call it was given.
     """
     scale = float32_scale(sm_scale)
-    indptr = kv_indptr.long()
+    if indptr_on_host is None:
+        indptr = kv_indptr.long()
+        bounds = indptr.tolist()  # the one host sync: the lengths, for chunking, padding and the bound's factors
+    else:
+        bounds = list(indptr_on_host)
+        indptr = to_device(torch.tensor(bounds, dtype=torch.int64), q.device)
     starts = indptr[:-1]
     lengths = indptr[1:] - starts
-    if indptr_on_host is None:  # the one host sync: the lengths, for chunking, padding and the bound's factors
-        on_host = lengths.tolist()
-    else:
-        on_host = [end - start for start, end in zip(indptr_on_host, indptr_on_host[1:])]
+    on_host = [end - start for start, end in zip(bounds, bounds[1:])]
     runs = _chunks(on_host)
     factors = sequence_factors(on_host, q.device)
     if len(runs) == 1:  # the whole batch at once: no slices

@@ -128,3 +128,14 @@ def test_lengths_known_on_the_host_give_the_same_bits(case):
     assert known == inputs.kv_indptr.tolist()
     for read_back, from_host in zip(attend(*inputs), attend(*inputs, indptr_on_host=known)):
         assert torch.equal(read_back.view(torch.int64), from_host.view(torch.int64))
+
+
+def test_lengths_given_on_the_host_are_used_instead_of_the_tensor():
+    """A kernel that wrote into its kv_indptr is still held to the call it was given."""
+    inputs = build(DecodeCase(lengths=(7, 0, 12), seed=5))
+    given = inputs.kv_indptr.tolist()
+    expected = attend(*inputs)
+    inputs.kv_indptr.copy_(torch.tensor([0, 1, 1, 2]))  # what such a kernel might leave behind
+    assert host_indptr(inputs.kv_indptr) is None
+    for fresh, from_host in zip(expected, attend(*inputs, indptr_on_host=given)):
+        assert torch.equal(fresh.view(torch.int64), from_host.view(torch.int64))
