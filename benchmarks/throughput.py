@@ -19,10 +19,12 @@ turn on the device, so these, more than the kernels launched, bound examples/s p
 ``scaling`` runs the property suite with a fixed number of examples per property
 (``--max-examples``), once on the first GPU and once on the first two
 (``CUDA_VISIBLE_DEVICES`` with ``-n auto``, ``--workers-per-gpu`` as given, default
-``auto``), and prints examples/s per GPU and the ratio. Targets (issue 12): 500 examples/s
-per H200 with the plain ``-n auto --hypothesis-profile=gpu``, 1.9x on two. Both modes print
-a table and, with ``--out``, write it as JSON. ``scaling`` measures whatever GPU sharing the
-machine has: time-sliced by default, side by side when an MPS daemon runs (README).
+``auto``), and prints examples/s per GPU and the ratio, counting the whole pytest
+process and counting the tests alone (first test to last, without the start-up).
+Targets (issue 12): 500 examples/s per H200 with the plain ``-n auto
+--hypothesis-profile=gpu``, 1.9x on two. Both modes print a table and, with ``--out``,
+write it as JSON. ``scaling`` measures whatever GPU sharing the machine has: time-sliced
+by default, side by side when an MPS daemon runs (README).
 """
 
 from __future__ import annotations
@@ -175,6 +177,11 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
             "workers": sum(g.get("workers", 0) for g in run.get("gpus", {}).values())}
 
 
+def _tests_rate(run: dict) -> float:
+    """Examples/s between the run's first and last test: the whole process less its start and end."""
+    return run["examples"] / run["tests_wall_s"] if run["tests_wall_s"] else float("nan")
+
+
 def run_scaling(options) -> dict:
     gpu_counts = [int(g) for g in options.gpus.split(",")]
     root = Path(options.out or tempfile.mkdtemp(prefix="gqa-scaling-")) / "scaling"
@@ -188,12 +195,14 @@ def run_scaling(options) -> dict:
     print(f"{options.profile} profile, {per_property} examples per property, -n auto on the first N GPUs, "
           f"--workers-per-gpu={options.workers_per_gpu}; wall is the whole pytest process, start-up included")
     print(f"{'GPUs':>5}{'workers':>8}{'examples':>10}{'wall s':>9}{'start s':>8}{'ex/s':>9}{'per GPU':>9}{'ratio':>7}"
-          "  pytest")
+          f"{'tests ex/s':>11}{'ratio':>7}  pytest")
+    tests_base = _tests_rate(runs[0]) or 1.0
     for run in runs:
         start_up = run["wall_s"] - run["tests_wall_s"] if run["tests_wall_s"] else float("nan")
         print(f"{run['gpus']:>5}{run['workers']:>8}{run['examples']:>10}{run['wall_s']:>9.1f}{start_up:>8.1f}"
               f"{run['examples_per_second']:>9.1f}{run['examples_per_second_per_gpu']:>9.1f}"
-              f"{run['examples_per_second'] / base:>7.2f}  {run['summary']}")
+              f"{run['examples_per_second'] / base:>7.2f}{_tests_rate(run):>11.1f}{_tests_rate(run) / tests_base:>7.2f}"
+              f"  {run['summary']}")
     for run in runs[-1:]:
         if run["stages_ms_per_example"]:
             print("stages of the last run, ms per example in one worker: " + ", ".join(
