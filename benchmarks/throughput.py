@@ -94,17 +94,26 @@ def _stages_table(spent: dict[str, float]) -> list[str]:
     return lines
 
 
-def run_stages(options) -> dict:
-    os.environ.setdefault("TRITON_INTERPRET", "1" if options.device == "cpu" else "0")
+def _warmed_up(options, device_type: str):
+    """The device, the implementation and the default-size limits, after a few examples (compilation,
+    the allocators) that no measurement should count."""
+    os.environ.setdefault("TRITON_INTERPRET", "1" if device_type == "cpu" else "0")
     import torch
 
     from properties._plugin.profiles import CASE_SIZES
     from properties._plugin.target import load_impl
 
-    device = torch.device(options.device)
+    device = torch.device(device_type)
     impl = load_impl(options.impl, root=ROOT)
     limits = CASE_SIZES[options.case_sizes or ("large" if device.type == "cuda" else "small")]
-    measure_stages(device, impl, limits, min(options.examples, 5))  # warm-up: compilation, allocator
+    measure_stages(device, impl, limits, min(options.examples, 5))
+    return device, impl, limits
+
+
+def run_stages(options) -> dict:
+    import torch
+
+    device, impl, limits = _warmed_up(options, options.device)
     spent = measure_stages(device, impl, limits, options.examples)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
     print(f"stages on {name}, {options.impl}, case sizes {limits}")
@@ -119,12 +128,7 @@ def run_syncs(options) -> dict:
 
     import torch
 
-    from properties._plugin.profiles import CASE_SIZES
-    from properties._plugin.target import load_impl
-
-    device, impl = torch.device("cuda"), load_impl(options.impl, root=ROOT)
-    limits = CASE_SIZES[options.case_sizes or "large"]
-    measure_stages(device, impl, limits, min(options.examples, 5))  # warm-up: compilation, pinned memory
+    device, impl, limits = _warmed_up(options, "cuda")
     where: Counter = Counter()
 
     def record(*_args, **_kwargs) -> None:

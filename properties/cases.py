@@ -10,6 +10,7 @@ exact steps, so a case that faulted on a GPU rebuilds on the CPU with the same i
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 import weakref
@@ -589,10 +590,10 @@ def _build(case: DecodeCase, device: torch.device) -> DecodeInputs:
     slots = to_device(referenced, device)
     k_cache[slots, 0] = k_rows.to(torch.bfloat16)
     v_cache[slots, 0] = v_rows.to(torch.bfloat16)
-    indptr = torch.tensor([0, *torch.tensor(case.lengths, dtype=torch.int64).cumsum(0).tolist()])
+    bounds = [0, *itertools.accumulate(case.lengths)]
     junk_page = max(pool_size - 1, 0)  # in range, so a kernel that ignores the strides reads a wrong page, not memory
-    kv_indptr = _place_index(indptr, case.index_layout, int(indptr[-1]), device)
-    _remember_host_indptr(kv_indptr, indptr.tolist())
+    kv_indptr = _place_index(torch.tensor(bounds, dtype=torch.int64), case.index_layout, bounds[-1], device)
+    _remember_host_indptr(kv_indptr, bounds)
     return DecodeInputs(
         q=_place_q(q.to(torch.bfloat16), case.q_layout),
         k_cache=k_cache,

@@ -161,23 +161,18 @@ def _tier(option: str, spec: str) -> str:
     return "strict" if spec == DEFAULT_IMPL else "correct"
 
 
-def _device_choice(config: pytest.Config) -> str:
-    """``--device``; in an xdist worker, the device its controller resolved ``auto`` to. A worker that
-    resolved ``auto`` itself would go to the CPU interpreter, silently, whenever CUDA failed to start in
-    it (under MPS a GPU whose faulted processes are still exiting refuses new ones): it must fail instead."""
-    workerinput = getattr(config, "workerinput", {})
-    return workerinput.get(WORKER_DEVICE_KEY, config.option.device)
-
-
 def _run_state(config: pytest.Config) -> RunState:
     option = config.option
+    # An xdist worker takes the device its controller resolved --device to. Resolving ``auto`` itself, it would
+    # go to the CPU interpreter, silently, whenever CUDA failed to start in it (under MPS a GPU whose faulted
+    # processes are still exiting refuses new ones): it must fail instead.
+    controllers_device = getattr(config, "workerinput", {}).get(WORKER_DEVICE_KEY)
     try:
-        device = resolve_device(_device_choice(config))
+        device = resolve_device(controllers_device or option.device)
         target = load_target(option.impl, root=config.rootpath)
     except (DeviceError, ImplSpecError) as error:
-        if WORKER_DEVICE_KEY in getattr(config, "workerinput", {}):
-            error = f"xdist worker on the run's device: {error}"
-        raise pytest.UsageError(str(error)) from None
+        where = "xdist worker on the run's device: " if controllers_device else ""
+        raise pytest.UsageError(f"{where}{error}") from None
     role = _xdist_role(config)
     worker = get_xdist_worker_id(role) if is_xdist_worker(role) else None
     # The controller names the run and its workers inherit the name; a worker then drops it, so that a
@@ -343,7 +338,7 @@ class SuiteRun:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
-        """xdist controller: every worker runs on the device this run resolved (``_device_choice``)."""
+        """xdist controller: every worker runs on the device this run resolved (see ``_run_state``)."""
         node.workerinput[WORKER_DEVICE_KEY] = self.state.device.type
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
