@@ -2,6 +2,7 @@
 
     python benchmarks/throughput.py stages  [--device cuda] [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py syncs   [--examples 400] [--case-sizes large] [--out DIR]
+    python benchmarks/throughput.py launches [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py scaling [--gpus 1,2] [--workers-per-gpu auto|4,8,16] [--max-examples N]
                                             [--repeat 2] [--no-warmup] [--out DIR]
 
@@ -15,6 +16,10 @@ synchronised at each stage's edges.
 mode: read-backs and blocking copies; explicit ``torch.cuda.synchronize`` calls are not counted) by the
 line of this repository that made them. Where several processes share a GPU, each one waits for a
 turn on the device, so these, more than the kernels launched, bound examples/s per GPU.
+
+``launches`` counts, per example and stage, the host's calls that hand the GPU work (torch's
+profiler): kernel launches (Triton's included), graph launches (one each, however many
+kernels the graph holds), copies and fills. Under time-slicing each is a turn on the device.
 
 ``scaling`` runs the property suite with a fixed number of examples per property
 (``--max-examples``), once on the first GPU and once on the first two
@@ -49,10 +54,10 @@ STAGES = ("generation", *stages.STAGES)
 # ---- stages ---------------------------------------------------------------------------------
 
 
-def measure_stages(device, impl, limits, examples: int) -> dict[str, float]:
+def measure_stages(device, impl, limits, examples: int, clock: stages.StageClock | None = None) -> dict[str, float]:
     """Seconds spent in each stage over ``examples`` examples, plus the wall time.
 
-    The stages are the suite's own (``properties.stages``), timed in every example here.
+    The stages are the suite's own (``properties.stages``), timed in every example here (or by ``clock``).
     """
     import torch
     from hypothesis import HealthCheck, Phase, given, settings
@@ -61,7 +66,8 @@ def measure_stages(device, impl, limits, examples: int) -> dict[str, float]:
     from properties.checks import run_and_check
     from properties.strategies import decode_cases
 
-    clock = stages.StageClock(every=1, synchronize=torch.cuda.synchronize if device.type == "cuda" else None)
+    if clock is None:
+        clock = stages.StageClock(every=1, synchronize=torch.cuda.synchronize if device.type == "cuda" else None)
     kernel = stages.timed("kernel", impl)
 
     @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
@@ -152,12 +158,65 @@ def run_syncs(options) -> dict:
     return {"examples": count, "syncs_per_example": {line: n / count for line, n in where.items()}}
 
 
+# Host calls that hand the device work: each is a turn on a GPU shared by time-slicing.
+_SUBMISSIONS = {
+    "cudaLaunchKernel": "kernels", "cudaLaunchKernelExC": "kernels", "cuLaunchKernel": "kernels",
+    "cuLaunchKernelEx": "kernels", "cudaGraphLaunch": "graphs", "cudaMemcpyAsync": "copies",
+    "cudaMemsetAsync": "fills",
+}
+_KINDS = ("kernels", "graphs", "copies", "fills")
+
+
+class _LabelledClock(stages.StageClock):
+    """Marks every stage of every example as a profiler range named ``stage:<name>`` (times nothing)."""
+
+    def stage(self, name: str):
+        from torch.profiler import record_function
+
+        return record_function(f"stage:{name}")
+
+
+def _stage_of(event) -> str:
+    """The outermost ``stage:`` range around a profiler event (a nested stage counts toward its outer one)."""
+    label, parent = "generation", event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("stage:"):
+            label = parent.name.removeprefix("stage:")
+        parent = parent.cpu_parent
+    return label
+
+
+def run_launches(options) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device, impl, limits = _warmed_up(options, "cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        spent = measure_stages(device, impl, limits, options.examples, clock=_LabelledClock(every=1))
+    count = spent["examples"] or 1
+    table = {stage: Counter() for stage in STAGES}
+    for event in profiler.events():
+        kind = _SUBMISSIONS.get(event.name)
+        if kind:
+            table.setdefault(_stage_of(event), Counter())[kind] += 1
+    print(f"submissions to the device per example on {torch.cuda.get_device_name(device)}, {options.impl}, "
+          f"{limits} ({count} examples; a graph launch counts one)")
+    print(f"{'stage':<12}" + "".join(f"{kind:>9}" for kind in _KINDS) + f"{'in all':>9}")
+    for stage, kinds in [*table.items(), ("in all", sum(table.values(), Counter()))]:
+        print(f"{stage:<12}" + "".join(f"{kinds[kind] / count:>9.2f}" for kind in _KINDS)
+              + f"{sum(kinds.values()) / count:>9.2f}")
+    return {"examples": count, "per_example": {stage: {k: n / count for k, n in kinds.items()}
+                                               for stage, kinds in table.items()}}
+
+
 # ---- scaling --------------------------------------------------------------------------------
 
 
 def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, workers_per_gpu: str) -> dict:
     """One pytest run of the property suite on the first ``gpus`` GPUs; examples counted by its run report."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_"))}
+    # The suite's options come from the command line only; the oracle's graph switch passes, to compare with it off.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_")) or k == "GQA_DECODE_ORACLE_GRAPHS"}
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(gpus))
     if max_examples is not None:
         env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
@@ -217,11 +276,11 @@ def run_scaling(options) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("stages", "syncs", "scaling"))
+    parser.add_argument("mode", choices=("stages", "syncs", "launches", "scaling"))
     parser.add_argument("--impl", default="kernel:run", help="implementation under test (as --impl)")
     parser.add_argument("--out", default=None, help="directory for the JSON results")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda", help="stages: where to run")
-    parser.add_argument("--examples", type=int, default=400, help="stages, syncs: examples to run")
+    parser.add_argument("--examples", type=int, default=400, help="stages, syncs, launches: examples to run")
     parser.add_argument("--case-sizes", choices=("small", "large"), default=None,
                         help="stages, syncs: case size limits")
     parser.add_argument("--gpus", default="1,2", help="scaling: GPU counts to compare, first is the baseline")
@@ -236,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.examples < 1 or (options.max_examples or 1) < 1 or options.repeat < 1:
         parser.error("--examples, --max-examples and --repeat must be positive")
-    result = {"stages": run_stages, "syncs": run_syncs, "scaling": run_scaling}[options.mode](options)
+    modes = {"stages": run_stages, "syncs": run_syncs, "launches": run_launches, "scaling": run_scaling}
+    result = modes[options.mode](options)
     if options.out:
         Path(options.out).mkdir(parents=True, exist_ok=True)
         (Path(options.out) / f"{options.mode}.json").write_text(json.dumps(result, indent=1))

@@ -14,10 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from .transfer import to_device
-
 __all__ = [
-    "HOEFFDING_LAMBDA", "SoftmaxTerms", "error_bounds", "half_ulp_bf16", "near_tie_counts", "sequence_factors",
+    "HOEFFDING_LAMBDA", "SoftmaxTerms", "error_bounds", "factor_columns", "half_ulp_bf16", "near_tie_counts",
 ]
 
 HEAD_DIM = 128
@@ -47,7 +45,7 @@ class SoftmaxTerms(NamedTuple):
     logit_magnitude: torch.Tensor  # [b, g, j, L] M = |scale| * sum_d |q_d k_d|, 0 past the end
     lse_natural: torch.Tensor  # [b, g, j] natural-log LSE, -inf for empty sequences
     padding: torch.Tensor  # [b, 1, 1, L] True past a sequence's end
-    factors: torch.Tensor  # [5, b, 1, 1, 1] sequence_factors of the sequences' lengths
+    factors: torch.Tensor  # [5, b, 1, 1, 1] factor_columns of the sequences' lengths
 
 
 def gamma(steps: torch.Tensor, unit: float) -> torch.Tensor:
@@ -58,7 +56,7 @@ def gamma(steps: torch.Tensor, unit: float) -> torch.Tensor:
 
 @lru_cache(maxsize=1 << 16)
 def _factors_of(length: int) -> tuple[float, float, float, float, float]:
-    """``sequence_factors`` of one length, on the host: each step one correctly rounded float64 operation."""
+    """``factor_columns`` of one length, on the host: each step one correctly rounded float64 operation."""
     tokens = float(length)
     rescales = float(math.ceil(tokens / MIN_BLOCK))  # R: at most one running-max rescale per block of MIN_BLOCK tokens
     steps = float(gamma(torch.tensor(tokens + rescales + 3, dtype=torch.float64), U_ACC))  # gamma_N, N = L - 1 + R + 4
@@ -67,15 +65,14 @@ def _factors_of(length: int) -> tuple[float, float, float, float, float]:
     return tokens, rescales, steps, division, -min(steps, 1.0)
 
 
-def sequence_factors(lengths: list[int], device: torch.device | str) -> torch.Tensor:
-    """What ``error_bounds`` needs of each sequence's length, formed on the host ([5, b, 1, 1, 1] float64).
+def factor_columns(lengths: list[int]) -> list[list[float]]:
+    """What ``error_bounds`` needs of each sequence's length, as five host lists of one float per sequence.
 
     In order: L, R = ceil(L / MIN_BLOCK), gamma_N (N = L + R + 3), (gamma_N + 8 U32) / (1 - gamma_N) (§5) and
     -min(gamma_N, 1) (§8). Python floats round every step as float64 tensors do, so these are the bits a
     device would form from the lengths, in one copy instead of a dozen tiny kernels.
     """
-    columns = [list(column) for column in zip(*map(_factors_of, lengths))] or [[] for _ in range(5)]
-    return to_device(torch.tensor(columns, dtype=torch.float64), device).view(5, len(lengths), 1, 1, 1)
+    return [list(column) for column in zip(*map(_factors_of, lengths))] or [[] for _ in range(5)]
 
 
 _EXPONENT_AND_SIGN = -(1 << 52)  # 0xFFF0...0 as int64: a float64's sign and exponent bits, no mantissa

@@ -8,18 +8,23 @@ LSE is base 2; an empty sequence gives output 0 and LSE -inf exactly.
 Computed on the inputs' device, vectorized over sequences and heads: sequences are
 padded to the longest one in a chunk, and chunks are cut so that the padded key
 block stays under a memory budget. Only the referenced pages are gathered, so a
-pool of millions of pages costs nothing extra.
+pool of millions of pages costs nothing extra. On a GPU each chunk is padded further,
+to one of a few shapes, and replayed as a CUDA graph of that shape (``graphs``): a
+few launches per example instead of about a hundred. Padding only adds masked token
+slots and empty sequences, so the answers agree to float64 rounding.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 from typing import NamedTuple
 
 import torch
 
-from .bound import SoftmaxTerms, error_bounds, sequence_factors
+from .bound import SoftmaxTerms, error_bounds, factor_columns
+from .graphs import GraphCache, graphs_enabled
 from .transfer import to_device
 
 NUM_QO_HEADS = 32
@@ -30,6 +35,10 @@ DEFAULT_SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 
 # Padded float64 K (or V) elements per chunk: 2**25 * 8 bytes = 256 MiB.
 _CHUNK_ELEMENTS = 1 << 25
+# Graph shapes: token slots 16, 24, 32, 48, ... (padding at most 1.5x), sequences a power of 2; at most
+# 16 x 2048 slots (128 MiB of float64 K), so that a worker's graphs hold well under 1 GiB. Larger runs eagerly.
+_SHORTEST_SLOTS = 16
+_GRAPHED_TOKENS = 16 * 2048
 
 __all__ = ["Reference", "attend", "float32_scale"]
 
@@ -66,45 +75,78 @@ def _chunks(lengths: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _pages(
-    kv_indices: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, longest: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Page id of every token slot ([b, L], kv_indices' dtype), and [b, 1, 1, L]: True past a sequence's end.
+def _round_up(count: int, smallest: int, *, half_steps: bool) -> int:
+    """The least ``smallest * 2**k`` (or, with ``half_steps``, ``1.5 * smallest * 2**k``) at or above ``count``."""
+    size = smallest
+    while size < count:
+        if half_steps and size * 3 // 2 >= count:
+            return size * 3 // 2
+        size *= 2
+    return size
 
-    Slots past the end read some referenced page (page 0 without any): their rows are masked by the caller.
+
+def _graph_shape(count: int, longest: int) -> tuple[int, int] | None:
+    """The padded (sequences, token slots) a chunk replays a graph of, or None when it is too large for one."""
+    shape = _round_up(count, 1, half_steps=False), _round_up(longest, _SHORTEST_SLOTS, half_steps=True)
+    return shape if shape[0] * shape[1] <= _GRAPHED_TOKENS else None
+
+
+class _Rows(NamedTuple):
+    """A chunk's inputs in the fixed shapes the float64 computation takes (b sequences, L token slots)."""
+
+    q: torch.Tensor  # [b, 32, 128] bfloat16
+    keys: torch.Tensor  # [b, L, 4, 128] bfloat16: the page of every token slot (any referenced page past the end)
+    values: torch.Tensor  # [b, L, 4, 128] bfloat16
+    numbers: torch.Tensor  # [2 + 5 b] float64: the scale, |scale|, then the sequences' factors [5, b]
+
+
+def _empty_rows(count: int, slots: int, device: torch.device) -> _Rows:
+    bf16 = dict(dtype=torch.bfloat16, device=device)
+    return _Rows(
+        q=torch.empty(count, NUM_QO_HEADS, HEAD_DIM, **bf16),
+        keys=torch.empty(count, slots, NUM_KV_HEADS, HEAD_DIM, **bf16),
+        values=torch.empty(count, slots, NUM_KV_HEADS, HEAD_DIM, **bf16),
+        numbers=torch.empty(2 + 5 * count, dtype=torch.float64, device=device),
+    )
+
+
+def _fill(rows: _Rows, q, k_cache, v_cache, kv_indices, starts: list[int], lengths: list[int], scale: float) -> None:
+    """Gather a chunk's rows into ``rows``; sequences beyond the chunk's are empty, their q rows left as they were.
+
+    Token slots past a sequence's end read some referenced page: the computation masks them.
     """
-    token = torch.arange(longest, device=starts.device)
-    padding = token >= lengths.view(-1, 1, 1, 1)
-    position = starts[:, None] + token
-    if not kv_indices.numel():  # no pages at all: every slot is padding, at position 0
-        return position, padding
-    return kv_indices[position.clamp_(max=kv_indices.shape[0] - 1)], padding
+    count, slots = rows.keys.shape[:2]
+    device = rows.q.device
+    rows.q[:len(starts)].copy_(q)
+    padded_lengths = lengths + [0] * (count - len(lengths))
+    numbers = [scale, abs(scale), *itertools.chain.from_iterable(factor_columns(padded_lengths))]
+    rows.numbers.copy_(to_device(torch.tensor(numbers, dtype=torch.float64), device))
+    if not kv_indices.numel() or not k_cache.shape[0]:  # no pages: every sequence is empty
+        rows.keys.zero_()
+        rows.values.zero_()
+        return
+    position = torch.tensor(starts + [0] * (count - len(starts)))[:, None] + torch.arange(slots)
+    pages = kv_indices[to_device(position.clamp_(max=kv_indices.shape[0] - 1).view(-1), device)]
+    flat = (count * slots, 1, NUM_KV_HEADS, HEAD_DIM)
+    torch.index_select(k_cache, 0, pages, out=rows.keys.view(flat))
+    torch.index_select(v_cache, 0, pages, out=rows.values.view(flat))
 
 
-def _rows(cache: torch.Tensor, pages: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
-    """``cache[pages]`` ([b, L, 1, 4, 128]) as float64, axes permuted by ``order``, laid out contiguously.
-
-    One copy converts and transposes into the layout the batched matmuls take.
-    """
-    if cache.shape[0] == 0:  # an empty pool: every slot is padding
-        shape = (*pages.shape, 1, NUM_KV_HEADS, HEAD_DIM)
-        return torch.zeros([shape[axis] for axis in order], dtype=torch.float64, device=cache.device)
-    return cache[pages].permute(order).to(torch.float64, memory_format=torch.contiguous_format)
-
-
-def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, longest, factors) -> Reference:
-    """Oracle for one run of sequences; ``starts``/``lengths`` are int64 on q's device, ``longest`` their maximum,
-    ``factors`` their ``sequence_factors``."""
-    count = lengths.shape[0]
-    longest = max(longest, 1)  # one masked column keeps reductions non-empty (known on the host: no sync)
+def _reference_of(rows: _Rows) -> Reference:
+    """The oracle and its bound for rows of fixed shape: no host synchronisation, no shape that depends on values."""
+    count, longest = rows.keys.shape[:2]
     heads = count * NUM_KV_HEADS  # the batch of every matmul: one (sequence, KV head) pair each
-    pages, padding = _pages(kv_indices, starts, lengths, longest)
+    scale, abs_scale = rows.numbers[0], rows.numbers[1]
+    factors = rows.numbers[2:].view(5, count, 1, 1, 1)
+    token = torch.arange(longest, dtype=torch.float64, device=rows.q.device)
+    padding = token >= factors[0]  # [b, 1, 1, L]; factors[0] is the length
     # K as [b * g, d, L] and V as [b, g, L, d]: the operands torch.matmul would hand bmm. K keeps the rows
-    # slots past the end read (junk, even NaN, without referenced pages): they only reach masked columns.
-    keys = _rows(k_cache, pages, (0, 2, 3, 4, 1)).reshape(heads, HEAD_DIM, longest)
-    values = _rows(v_cache, pages, (0, 2, 3, 1, 4)).reshape(count, NUM_KV_HEADS, longest, HEAD_DIM)
+    # slots past the end read (junk, even NaN): they only reach masked columns.
+    keys = rows.keys.permute(0, 2, 3, 1).to(torch.float64, memory_format=torch.contiguous_format)
+    keys = keys.view(heads, HEAD_DIM, longest)
+    values = rows.values.permute(0, 2, 1, 3).to(torch.float64, memory_format=torch.contiguous_format)
     values.masked_fill_(padding.transpose(2, 3), 0.0)
-    queries = q.double().reshape(heads, GROUP, HEAD_DIM)
+    queries = rows.q.double().view(heads, GROUP, HEAD_DIM)
 
     shape = (count, NUM_KV_HEADS, GROUP, longest)  # [b, g, j, L]
     logits = torch.bmm(queries, keys).view(shape).mul_(scale).masked_fill_(padding, -math.inf)
@@ -112,7 +154,7 @@ def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, longe
     # exp(-inf - lse) is 0 past the end of a non-empty sequence; an empty one's NaN (-inf - -inf) is masked.
     weights = (logits - lse_natural[..., None]).exp_().masked_fill_(padding, 0.0)
     output = torch.bmm(weights.view(heads, GROUP, longest), values.view(heads, longest, HEAD_DIM))
-    magnitude = torch.bmm(queries.abs(), keys.abs_()).view(shape).mul_(abs(scale)).masked_fill_(padding, 0.0)
+    magnitude = torch.bmm(queries.abs(), keys.abs_()).view(shape).mul_(abs_scale).masked_fill_(padding, 0.0)
 
     terms = SoftmaxTerms(
         logits=logits, weights=weights, values=values.permute(0, 2, 1, 3),
@@ -126,6 +168,24 @@ def _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, longe
         output_bound=output_bound.reshape(count, NUM_QO_HEADS, HEAD_DIM),
         lse_bound=lse_bound.reshape(count, NUM_QO_HEADS),
     )
+
+
+_GRAPHS: GraphCache[_Rows, Reference] = GraphCache(_reference_of)
+
+
+def _attend_chunk(q, k_cache, v_cache, kv_indices, starts: list[int], lengths: list[int], scale: float) -> Reference:
+    """Oracle for one run of sequences (``starts`` and ``lengths`` on the host): replayed as a CUDA graph of a
+    padded shape where ``graphs_enabled``, else computed eagerly in the chunk's own shape."""
+    count, longest = len(lengths), max(lengths, default=0)
+    device = q.device
+    shape = _graph_shape(count, longest) if graphs_enabled(device) else None
+    if shape is None:
+        rows = _empty_rows(count, max(longest, 1), device)  # one masked slot keeps reductions non-empty
+        _fill(rows, q, k_cache, v_cache, kv_indices, starts, lengths, scale)
+        return _reference_of(rows)
+    captured = _GRAPHS.get(device, shape, lambda: _empty_rows(*shape, device))
+    _fill(captured.inputs, q, k_cache, v_cache, kv_indices, starts, lengths, scale)
+    return Reference(*(field[:count].clone() for field in captured.replay()))
 
 
 @torch.no_grad()
@@ -148,21 +208,10 @@ def attend(
     its kv_indptr is still held to the call it was given.
     """
     scale = float32_scale(sm_scale)
-    if indptr_on_host is None:
-        indptr = kv_indptr.long()
-        bounds = indptr.tolist()  # the one host sync: the lengths, for chunking, padding and the bound's factors
-    else:
-        bounds = list(indptr_on_host)
-        indptr = to_device(torch.tensor(bounds, dtype=torch.int64), q.device)
-    starts = indptr[:-1]
-    lengths = indptr[1:] - starts
-    on_host = [end - start for start, end in zip(bounds, bounds[1:])]
-    runs = _chunks(on_host)
-    factors = sequence_factors(on_host, q.device)
-    if len(runs) == 1:  # the whole batch at once: no slices
-        return _attend_chunk(q, k_cache, v_cache, starts, lengths, kv_indices, scale, runs[0][2], factors)
+    bounds = kv_indptr.tolist() if indptr_on_host is None else list(indptr_on_host)  # the one read-back, if any
+    starts, lengths = bounds[:-1], [end - start for start, end in zip(bounds, bounds[1:])]
     parts = [
-        _attend_chunk(q[a:b], k_cache, v_cache, starts[a:b], lengths[a:b], kv_indices, scale, longest, factors[:, a:b])
-        for a, b, longest in runs
+        _attend_chunk(q[a:b], k_cache, v_cache, kv_indices, starts[a:b], lengths[a:b], scale)
+        for a, b, _ in _chunks(lengths)
     ]
-    return Reference(*(torch.cat(field) for field in zip(*parts)))
+    return parts[0] if len(parts) == 1 else Reference(*(torch.cat(field) for field in zip(*parts)))

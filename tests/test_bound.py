@@ -14,23 +14,23 @@ from reference.bound import (
     MIN_BLOCK,
     U32,
     U_ACC,
+    factor_columns,
     gamma,
     half_ulp_bf16,
     near_tie_counts,
-    sequence_factors,
 )
 from tests.impls import precision_defects, torch_float32
 
 
 @given(st.lists(st.one_of(st.integers(0, 300), st.integers(0, 2**22 + 100)), max_size=20))
 @example([0, 1, 16, 17, 131072, 3947577, 2**23])  # 3947577: gamma_N is exactly 1 (N = 2**22); 2**23: infinite
-def test_sequence_factors_are_the_bits_tensor_arithmetic_gives(lengths):
+def test_factor_columns_are_the_bits_tensor_arithmetic_gives(lengths):
     # The same formulas elementwise on a float64 tensor, as the bound once formed them from the lengths.
     tokens = torch.tensor(lengths, dtype=torch.int64).double()
     rescales = (tokens / MIN_BLOCK).ceil()
     steps = gamma(tokens + rescales + 3, U_ACC)
     expected = torch.stack([tokens, rescales, steps, (steps + 8 * U32) / (1 - steps), -steps.clamp(max=1.0)])
-    got = sequence_factors(lengths, "cpu").view(5, len(lengths))
+    got = torch.tensor(factor_columns(lengths), dtype=torch.float64).view(5, len(lengths))
     assert torch.equal(got.view(torch.int64), expected.view(torch.int64))
 
 

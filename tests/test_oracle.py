@@ -139,3 +139,62 @@ def test_lengths_given_on_the_host_are_used_instead_of_the_tensor():
     assert host_indptr(inputs.kv_indptr) is None
     for fresh, from_host in zip(expected, attend(*inputs, indptr_on_host=given)):
         assert torch.equal(fresh.view(torch.int64), from_host.view(torch.int64))
+
+
+@pytest.mark.parametrize("count, smallest, half_steps, expected", [
+    (0, 1, False, 1), (1, 1, False, 1), (3, 1, False, 4), (16, 1, False, 16), (17, 1, False, 32),
+    (0, 16, True, 16), (17, 16, True, 24), (24, 16, True, 24), (25, 16, True, 32), (33, 16, True, 48),
+    (1537, 16, True, 2048), (2049, 16, True, 3072),
+])
+def test_graph_shapes_round_up(count, smallest, half_steps, expected):
+    import reference.oracle as oracle
+
+    assert oracle._round_up(count, smallest, half_steps=half_steps) == expected
+
+
+def _padded_reference(inputs, shape, q_junk=math.nan):
+    """The oracle computed eagerly in a graph's padded shape (stale q rows beyond the batch), cut to the batch."""
+    import reference.oracle as oracle
+
+    bounds = inputs.kv_indptr.tolist()
+    starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
+    rows = oracle._empty_rows(*shape, inputs.q.device)
+    rows.q.fill_(q_junk)  # what a previous, larger batch may have left
+    scale = float32_scale(inputs.sm_scale)
+    oracle._fill(rows, inputs.q, inputs.k_cache, inputs.v_cache, inputs.kv_indices, starts, lengths, scale)
+    return [field[:len(lengths)] for field in oracle._reference_of(rows)]
+
+
+@settings(max_examples=40)
+@given(case=decode_cases(limits=SMALL))
+def test_padding_to_a_graph_shape_gives_the_same_answer(case):
+    """The shapes a GPU replays add masked token slots and empty sequences: the answer agrees to float64 rounding."""
+    import reference.oracle as oracle
+
+    inputs = build(case)
+    shape = oracle._graph_shape(case.batch, max(case.lengths, default=0))
+    for exact, padded in zip(attend(*inputs), _padded_reference(inputs, shape)):
+        # atol: a logsumexp over more (masked) slots rounds at the ulp of its maximum, |log w| up to ~10
+        torch.testing.assert_close(padded, exact, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_replays_give_the_padded_computation_bit_for_bit(monkeypatch):
+    """On CUDA: a replayed graph gives the bits of the same padded computation run eagerly, each call keeps its
+    own answer (the graph's outputs are copied out), and without graphs the answers agree to rounding."""
+    import reference.oracle as oracle
+
+    oracle._GRAPHS.clear()
+    cases = [DecodeCase(lengths=(5, 0, 33), values="wide", seed=3), DecodeCase(lengths=(40, 2), seed=4),
+             DecodeCase(lengths=(0, 0, 1), seed=5), DecodeCase(lengths=(700,), values="outliers", seed=6)]
+    built = [build(case, "cuda", observe=False) for case in cases]
+    replayed = [attend(*inputs) for inputs in built]  # the first three share one graph shape: (4, 48)
+    assert len(oracle._GRAPHS) == 2
+    for case, inputs, reference in zip(cases, built, replayed):
+        shape = oracle._graph_shape(case.batch, max(case.lengths))
+        for got, expected in zip(reference, _padded_reference(inputs, shape, q_junk=0.0)):
+            assert torch.equal(got.view(torch.int64), expected.view(torch.int64)), case
+    monkeypatch.setenv("GQA_DECODE_ORACLE_GRAPHS", "0")
+    for inputs, reference in zip(built, replayed):
+        for got, eager in zip(reference, attend(*inputs)):
+            torch.testing.assert_close(got, eager, rtol=1e-12, atol=1e-13)

@@ -1,0 +1,88 @@
+"""Fixed-shape functions replayed as CUDA graphs: one launch where there were a hundred.
+
+The oracle and its bound are about a hundred small float64 kernels per example. Alone on
+a GPU their cost is the host's dispatch (about 2 ms); where several processes share a GPU
+by time-slicing, every launch is also a turn on the device. A CUDA graph replays all of
+them with one launch. A graph runs on the buffers it was captured with, so each input
+shape gets its own graph and its own input buffers, which the caller fills before every
+replay; the outputs are the graph's too, overwritten by its next replay.
+
+``GQA_DECODE_ORACLE_GRAPHS=0`` runs everything eagerly instead (same code, same answers
+for the same shapes): for a GPU or driver where capture fails, and for measuring.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+import torch
+
+__all__ = ["ENABLED_ENV", "Captured", "GraphCache", "graphs_enabled"]
+
+ENABLED_ENV = "GQA_DECODE_ORACLE_GRAPHS"
+
+Inputs = TypeVar("Inputs", bound=tuple)
+Outputs = TypeVar("Outputs", bound=tuple)
+
+
+def graphs_enabled(device: torch.device) -> bool:
+    """Whether work on ``device`` replays captured graphs: on CUDA, unless ``GQA_DECODE_ORACLE_GRAPHS=0``."""
+    return device.type == "cuda" and os.environ.get(ENABLED_ENV, "1") != "0"
+
+
+class Captured(Generic[Inputs, Outputs]):
+    """``function(*inputs)`` captured once: fill ``inputs`` in place, then ``replay()`` for the outputs."""
+
+    def __init__(self, function: Callable[..., Outputs], inputs: Inputs, pool) -> None:
+        self.inputs = inputs
+        # Warm up on a side stream first: lazy initialisation (cuBLAS handles and workspaces) must not be captured.
+        side = torch.cuda.Stream(device=inputs[0].device)
+        side.wait_stream(torch.cuda.current_stream(inputs[0].device))
+        with torch.cuda.stream(side):
+            function(*inputs)
+        torch.cuda.current_stream(inputs[0].device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA work (none of the suite's, but a kernel's helper might) goes on.
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+            self.outputs = function(*inputs)
+
+    def replay(self) -> Outputs:
+        """Run the captured work on the current contents of ``inputs``; the outputs live until the next replay."""
+        self.graph.replay()
+        return self.outputs
+
+
+class GraphCache(Generic[Inputs, Outputs]):
+    """One ``Captured`` per key (a device and the input shapes), all in one memory pool per device.
+
+    The graphs share their pool: each one's temporaries are free between replays, and every
+    replay runs on the one stream that queues them, so no two graphs' work overlaps.
+    """
+
+    def __init__(self, function: Callable[..., Outputs]) -> None:
+        self.function = function
+        self._captured: dict[Hashable, Captured[Inputs, Outputs]] = {}
+        self._pools: dict[torch.device, object] = {}
+        self._lock = threading.Lock()
+
+    def get(self, device: torch.device, key: Hashable, make_inputs: Callable[[], Inputs]) -> Captured[Inputs, Outputs]:
+        """The capture for ``key`` on ``device``, made on first use from ``make_inputs()`` (fresh buffers)."""
+        with self._lock:
+            full_key = (device, key)
+            if full_key not in self._captured:
+                with torch.cuda.device(device):
+                    pool = self._pools.setdefault(device, torch.cuda.graph_pool_handle())
+                    self._captured[full_key] = Captured(self.function, make_inputs(), pool)
+            return self._captured[full_key]
+
+    def clear(self) -> None:
+        """Forget every capture (their memory returns to torch's allocator once unreferenced)."""
+        with self._lock:
+            self._captured.clear()
+            self._pools.clear()
+
+    def __len__(self) -> int:
+        return len(self._captured)
