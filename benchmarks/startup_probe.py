@@ -1,14 +1,17 @@
 """Where a pytest run's fixed cost goes: timestamps of its phases, in the controller and every xdist worker.
 
-Load it as a plugin and name a log file; each process appends JSON lines {pid, role, event, t}:
+Load it as a plugin and name a log file; each process appends JSON lines {pid, role, event, t, imported}:
 
     STARTUP_PROBE_LOG=/tmp/probe.jsonl STARTUP_PROBE_T0=$(date +%s.%N) \
         PYTHONPATH=. pytest -p benchmarks.startup_probe properties -n 2 --max-examples=2 -q
     python benchmarks/startup_probe.py /tmp/probe.jsonl   # the phases, in seconds from T0
 
 ``-p`` loads it before conftest.py, so "probe loaded" is when pytest itself has been imported and
-"configure" is after the suite's plugin (torch, Triton, the kernel) has been imported and configured.
-Measures only; changes nothing in the run.
+"configure start" is after conftest.py and the suite's plugin have been imported. The xdist controller also
+marks when it starts its workers ("spawn start", "spawn end") and when its own collection step (where the suite
+loads the implementation) ends; each line lists which of torch, triton, hypothesis and numpy were imported by
+then. ``throughput.py startup`` runs this probe and prints the phases as a table. Measures only; changes nothing
+in the run.
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ import pytest
 _LOG = os.environ.get("STARTUP_PROBE_LOG")
 _ROLE = os.environ.get("PYTEST_XDIST_WORKER", "controller")
 _seen: set[str] = set()
+WATCHED = ("torch", "triton", "hypothesis", "numpy")  # each line lists those imported by then
 
 
 def _mark(event: str, once: bool = False) -> None:
     if not _LOG or (once and event in _seen):
         return
     _seen.add(event)
+    line = {"pid": os.getpid(), "role": _ROLE, "event": event, "t": time.time(),
+            "imported": [name for name in WATCHED if name in sys.modules]}
     with open(_LOG, "a", encoding="utf-8") as log:
-        log.write(json.dumps({"pid": os.getpid(), "role": _ROLE, "event": event, "t": time.time()}) + "\n")
+        log.write(json.dumps(line) + "\n")
 
 
 _mark("probe loaded")
@@ -48,9 +54,27 @@ def pytest_configure_end(config):
     _mark("configure end")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session):
+@pytest.hookimpl(tryfirst=True, specname="pytest_sessionstart")
+def pytest_sessionstart_first(session):
     _mark("sessionstart")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config, specs):
+    _mark("spawn start")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_sessionstart(session):
+    yield
+    if _ROLE == "controller":
+        _mark("spawn end")  # after xdist's sessionstart, which starts the workers (nothing to mark without xdist)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    yield
+    _mark("collection end")
 
 
 @pytest.hookimpl(trylast=True)

@@ -5,6 +5,8 @@
     python benchmarks/throughput.py launches [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py scaling [--gpus 1,2] [--workers-per-gpu auto|4,8,16] [--max-examples N]
                                             [--repeat 2] [--no-warmup] [--out DIR]
+    python benchmarks/throughput.py startup [--device cpu|cuda|auto] [--workers 2|auto] [--repeat 5]
+                                            [--select EXPRESSION] [--out DIR]
 
 ``stages`` runs default-size examples in this process and times each stage of every
 example, the suite's own stages (``properties.stages``): generation (Hypothesis drawing a
@@ -30,6 +32,13 @@ Targets (issue 12): 500 examples/s per H200 with the plain ``-n auto
 --hypothesis-profile=gpu``, 1.9x on two. Both modes print a table and, with ``--out``,
 write it as JSON. ``scaling`` measures whatever GPU sharing the machine has: time-sliced
 by default, side by side when an MPS daemon runs (README).
+
+``startup`` runs ``pytest properties -n WORKERS`` ``--repeat`` times with
+``benchmarks/startup_probe.py`` loaded and a single quick property selected (``--select``,
+a ``-k`` expression), and prints where the time before the first test goes: the xdist
+controller up to starting its workers (and which of torch, Triton, Hypothesis it had imported
+by then), the workers' start, import, configure and collection (the slowest worker's), and
+xdist's wait for that slowest collection; medians over the runs, seconds from the command's start.
 """
 
 from __future__ import annotations
@@ -274,12 +283,93 @@ def run_scaling(options) -> dict:
             "workers_per_gpu": options.workers_per_gpu, "runs": runs}
 
 
+# ---- startup --------------------------------------------------------------------------------
+
+# (process, phase, event, the row it is timed from): "at" is a median over the runs of the event's time from the
+# command's start (for the workers, the slowest worker's in each run), "took" the median time since the row named
+# (the latest row above with that event; the command's start for None). Events are startup_probe.py's.
+STARTUP_ROWS = (
+    ("controller", "python and pytest imported", "probe loaded", None),
+    ("controller", "conftest.py and plugins imported", "configure start", "probe loaded"),
+    ("controller", "configured", "configure end", "configure start"),
+    ("controller", "starts the workers", "spawn start", "configure end"),
+    ("controller", "all workers started", "spawn end", "spawn start"),
+    ("controller", "its collection step done", "collection end", "spawn end"),
+    ("workers", "python and pytest imported", "probe loaded", "spawn start"),
+    ("workers", "conftest.py and plugins imported", "configure start", "probe loaded"),
+    ("workers", "configured", "configure end", "configure start"),
+    ("workers", "collected", "collection finish", "configure end"),
+    ("xdist", "first test starts", "first test start", "collection finish"),
+)
+
+
+def _startup_run(options, log: Path) -> dict:
+    """One probed pytest run: each process's events in seconds from the command's start."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_"))}
+    env.update(STARTUP_PROBE_LOG=str(log), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    log.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "pytest", "-p", "benchmarks.startup_probe", *options.paths, "-n",
+               str(options.workers), f"--device={options.device}", "-k", options.select, "--max-examples=1", "-q",
+               "-p", "no:cacheprovider", "--run-report=none", f"--impl={options.impl}"]
+    start = time.time()
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        output = result.stdout[-2000:] + result.stderr[-2000:]
+        raise SystemExit(f"{' '.join(command)} exited {result.returncode}:\n{output}")
+    lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    run: dict[str, dict[str, float]] = {"controller": {}, "workers": {}, "xdist": {}}
+    imported_at_spawn: list[str] | None = None
+    for line in lines:
+        t = line["t"] - start
+        if line["role"] == "controller":
+            run["controller"].setdefault(line["event"], t)
+            run["xdist"].setdefault(line["event"], t)
+            if line["event"] == "spawn start":
+                imported_at_spawn = line["imported"]
+        else:  # the slowest worker
+            run["workers"][line["event"]] = max(t, run["workers"].get(line["event"], t))
+    return {"times": run, "imported_at_spawn": imported_at_spawn, "exit_s": time.time() - start}
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def run_startup(options) -> dict:
+    log = Path(options.out or tempfile.mkdtemp(prefix="gqa-startup-")) / "startup-probe.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    _startup_run(options, log)  # warm: bytecode and Triton caches
+    runs = [_startup_run(options, log) for _ in range(options.repeat)]
+    print(f"pytest {' '.join(options.paths)} -n {options.workers} --device={options.device} -k {options.select!r}: "
+          f"medians of {options.repeat} runs, seconds from the command's start")
+    print(f"{'process':<12}{'phase':<36}{'at s':>7}{'took s':>8}")
+    rows, seen = [], {}
+    for process, name, event, since in STARTUP_ROWS:
+        times = [run["times"][process].get(event) for run in runs]
+        if any(t is None for t in times):
+            continue  # without xdist, or an event this run has not got
+        origin = seen.get(since, [0.0] * len(runs))
+        seen[event] = times
+        rows.append({"process": process, "phase": name, "event": event, "times": times,
+                     "at_s": _median(times), "took_s": _median([t - o for t, o in zip(times, origin)])})
+        print(f"{process:<12}{name:<36}{rows[-1]['at_s']:>7.2f}{rows[-1]['took_s']:>8.2f}")
+    spawns = {tuple(run["imported_at_spawn"] or ()) for run in runs}
+    print("imported by the controller when it starts the workers: "
+          + "; ".join(", ".join(names) or "none of torch, triton, hypothesis, numpy" for names in spawns))
+    return {"workers": options.workers, "device": options.device, "select": options.select, "rows": rows,
+            "imported_at_spawn": [run["imported_at_spawn"] for run in runs],
+            "exit_s": [run["exit_s"] for run in runs]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("stages", "syncs", "launches", "scaling"))
+    parser.add_argument("mode", choices=("stages", "syncs", "launches", "scaling", "startup"))
     parser.add_argument("--impl", default="kernel:run", help="implementation under test (as --impl)")
     parser.add_argument("--out", default=None, help="directory for the JSON results")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda", help="stages: where to run")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
+                        help="stages: where to run (default cuda); startup: --device (default auto)")
     parser.add_argument("--examples", type=int, default=400, help="stages, syncs, launches: examples to run")
     parser.add_argument("--case-sizes", choices=("small", "large"), default=None,
                         help="stages, syncs: case size limits")
@@ -289,13 +379,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="gpu", help="scaling: Hypothesis profile")
     parser.add_argument("--workers-per-gpu", default="auto",
                         help="scaling: pinned xdist workers per GPU, or auto; a comma-separated list compares them")
-    parser.add_argument("--repeat", type=int, default=1, help="scaling: runs per GPU count (the first may be cold)")
-    parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling: test paths")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="scaling: runs per GPU count (default 1; the first may be cold); startup: runs (5)")
+    parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling, startup: test paths")
+    parser.add_argument("--workers", default="2", help="startup: -n (a number or auto)")
+    parser.add_argument("--select", default="test_batch_zero_gives_empty_results",
+                        help="startup: -k expression; a quick test, so that the runs end soon after it starts")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="scaling: skip the warm-up run")
     options = parser.parse_args(argv)
+    options.device = options.device or ("auto" if options.mode == "startup" else "cuda")
+    options.repeat = options.repeat or (5 if options.mode == "startup" else 1)
+    if options.mode == "stages" and options.device == "auto":
+        parser.error("stages: --device is cpu or cuda")
     if options.examples < 1 or (options.max_examples or 1) < 1 or options.repeat < 1:
         parser.error("--examples, --max-examples and --repeat must be positive")
-    modes = {"stages": run_stages, "syncs": run_syncs, "launches": run_launches, "scaling": run_scaling}
+    modes = {"stages": run_stages, "syncs": run_syncs, "launches": run_launches, "scaling": run_scaling,
+             "startup": run_startup}
     result = modes[options.mode](options)
     if options.out:
         Path(options.out).mkdir(parents=True, exist_ok=True)
