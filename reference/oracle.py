@@ -110,6 +110,25 @@ def _empty_rows(count: int, slots: int, device: torch.device) -> _Rows:
     )
 
 
+_shared_rows: dict[torch.device, _Rows] = {}
+
+
+def _graph_rows(count: int, slots: int, device: torch.device) -> _Rows:
+    """Input buffers of one graph shape: views of one set of buffers shared by every graph on ``device``
+    (a replay reads what was filled just before it), so that the inputs cost one largest case, not one per shape."""
+    if device not in _shared_rows:  # every graph shape has count <= most and count * slots <= _GRAPHED_TOKENS
+        most = _GRAPHED_TOKENS // _SHORTEST_SLOTS
+        _shared_rows[device] = _empty_rows(most, _SHORTEST_SLOTS, device)
+    whole = _shared_rows[device]
+    tokens = count * slots
+    return _Rows(
+        q=whole.q[:count],
+        keys=whole.keys.view(-1, NUM_KV_HEADS, HEAD_DIM)[:tokens].view(count, slots, NUM_KV_HEADS, HEAD_DIM),
+        values=whole.values.view(-1, NUM_KV_HEADS, HEAD_DIM)[:tokens].view(count, slots, NUM_KV_HEADS, HEAD_DIM),
+        numbers=whole.numbers[:2 + 5 * count],
+    )
+
+
 def _fill(rows: _Rows, q, k_cache, v_cache, kv_indices, starts: list[int], lengths: list[int], scale: float) -> None:
     """Gather a chunk's rows into ``rows``; sequences beyond the chunk's are empty, their q rows left as they were.
 
@@ -183,7 +202,7 @@ def _attend_chunk(q, k_cache, v_cache, kv_indices, starts: list[int], lengths: l
         rows = _empty_rows(count, max(longest, 1), device)  # one masked slot keeps reductions non-empty
         _fill(rows, q, k_cache, v_cache, kv_indices, starts, lengths, scale)
         return _reference_of(rows)
-    captured = _GRAPHS.get(device, shape, lambda: _empty_rows(*shape, device))
+    captured = _GRAPHS.get(device, shape, lambda: _graph_rows(*shape, device))
     _fill(captured.inputs, q, k_cache, v_cache, kv_indices, starts, lengths, scale)
     return Reference(*(field[:count].clone() for field in captured.replay()))
 

@@ -118,3 +118,56 @@ def test_a_fault_that_surfaces_after_the_call_is_contained_too(tmp_path):
     raised = [line for line in result.stdout.splitlines() if re.match(r"E\s+[\w.]+(Error|Lost):", line)]
     assert "CudaContextLost" in raised[-1] and "Failing test case" not in result.stdout, result.stdout
     assert len(list((tmp_path / "failures").glob("*.pt"))) == 1
+
+
+class _Device:
+    """torch.cuda.synchronize stand-in: counts waits and raises ``fault`` (once set) at the next one."""
+
+    def __init__(self):
+        self.waits, self.fault = 0, None
+
+    def synchronize(self):
+        self.waits += 1
+        if self.fault:
+            raise RuntimeError(self.fault)
+
+
+def _guard_on_a_pretend_gpu(monkeypatch):
+    import torch
+
+    from properties._plugin.containment import Guard
+
+    device = _Device()
+    monkeypatch.setattr(torch.cuda, "synchronize", device.synchronize)
+    saved = []
+    guard = Guard(torch.device("cuda"), save=lambda message: saved.append(message), nodeid=lambda: "test_x",
+                  in_worker=False, replay=lambda path: "")
+    return guard, device, saved
+
+
+def test_an_example_waits_for_its_calls_once_at_its_end(monkeypatch):
+    """One wait per example that called the implementation, however many calls: each is a GPU turn."""
+    guard, device, _ = _guard_on_a_pretend_gpu(monkeypatch)
+    impl = guard.wrap(lambda x: x, on_call=lambda args, kwargs: None)
+    calls_then_wait = guard.shielding(lambda: [impl(1), impl(2), device.waits][-1])
+    assert calls_then_wait() == 0 and device.waits == 1
+    guard.shielding(lambda: None)()
+    assert device.waits == 1  # no call, no wait
+
+
+def test_a_fault_pending_at_the_end_of_an_example_is_charged_to_it(monkeypatch):
+    """A fault still running when the example ends is contained there, even if the example failed otherwise."""
+    guard, device, saved = _guard_on_a_pretend_gpu(monkeypatch)
+    impl = guard.wrap(lambda: None, on_call=lambda args, kwargs: None)
+
+    def fails_after_the_call():
+        impl()
+        raise AssertionError("a mismatch read from a result the fault wrote")
+
+    device.fault = MESSAGE
+    try:
+        guard.shielding(fails_after_the_call)()
+    except CudaContextLost as lost:
+        assert MESSAGE in str(lost) and len(saved) == 1
+    else:
+        raise AssertionError("the pending fault was not contained")

@@ -3,7 +3,9 @@
 A sticky CUDA error (an illegal address, say) poisons the CUDA context of the
 process: every later launch in it fails, and Hypothesis would go on "shrinking"
 towards examples that never faulted. So the implementation under test runs
-behind a guard that synchronises after each call, recognises a sticky error
+behind a guard that synchronises before an example that called it ends (once
+per example, not per call: where processes share a GPU each wait is a turn on
+it, and the example's own read-back has usually waited already), recognises a sticky error
 by its message, saves the example that faulted as a case file (rebuilt on the
 CPU from its descriptor: device memory is unreadable by then) and stops:
 
@@ -60,6 +62,7 @@ class Guard:
                  in_worker: bool, replay: Callable[[Path], str]) -> None:
         self.device, self.save, self.nodeid, self.in_worker, self.replay = device, save, nodeid, in_worker, replay
         self.lost: str | None = None  # set once the context is lost: whatever a test raises after that is this
+        self.pending = False  # the running example called the implementation and has not waited for it since
 
     def contain(self, error: BaseException) -> None:
         """Save the faulting example, then exit the worker or raise ``CudaContextLost``."""
@@ -81,44 +84,63 @@ class Guard:
         raise CudaContextLost(f"{message}\n{note}") from error
 
     def wrap(self, impl: Callable, on_call: Callable[[tuple, dict], None]) -> Callable:
-        """``impl`` that reports each call to ``on_call`` and contains sticky CUDA errors."""
-        synchronize = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        """``impl`` that reports each call to ``on_call`` and contains sticky CUDA errors it raises."""
 
         @functools.wraps(impl)
         def guarded_impl(*args, **kwargs):
             on_call(args, kwargs)
+            self.pending = True  # the device may still be running it: the example settles before it ends
             try:
-                result = impl(*args, **kwargs)
-                synchronize()  # a fault surfaces here, charged to this call, not to the oracle
+                return impl(*args, **kwargs)
             except RuntimeError as error:
                 if is_sticky_cuda_error(error):
                     self.contain(error)
                 raise
-            return result
 
         return guarded_impl
+
+    def _settle(self) -> None:
+        """Wait for the work of the example's calls, so that a fault in it is charged to this example."""
+        if self.pending and self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.pending = False
 
     def shielding(self, example: Callable) -> Callable:
         """``example`` (one Hypothesis example of a test) that, once the context is lost, raises only
         ``CudaContextLost``: before running (no example runs in a dead context) and instead of whatever
-        ordinary exception a cleanup raised after the fault (which Hypothesis would shrink). A sticky error
-        that surfaces outside the implementation's call (the builder, the oracle) is contained here: under
-        MPS another process's fault shows wherever this one next touches the GPU."""
+        ordinary exception a cleanup raised after the fault (which Hypothesis would shrink). Before it ends,
+        passing or not, the device finishes the work of its calls to the implementation. A sticky error
+        that surfaces anywhere in the example (the implementation's call, the oracle, the comparison's
+        read-back, that last wait) is contained here; under MPS another process's fault shows wherever
+        this one next touches the GPU."""
 
         @functools.wraps(example)
         def shielded(*args, **kwargs):
             if self.lost is not None:
                 raise CudaContextLost(self.lost)
+            self.pending = False
             try:
-                return example(*args, **kwargs)
+                result = example(*args, **kwargs)
+                self._settle()
+                return result
             except Exception as error:
                 if self.lost is not None:
                     raise CudaContextLost(self.lost) from error
                 if is_sticky_cuda_error(error):
                     self.contain(error)
+                self._settle_after(error)
                 raise
 
         return shielded
+
+    def _settle_after(self, error: Exception) -> None:
+        """``_settle`` for an example that raised ``error``: a fault still pending outranks it."""
+        try:
+            self._settle()
+        except RuntimeError as fault:
+            if is_sticky_cuda_error(fault):
+                self.contain(fault)
+            raise fault from error
 
     def check_context(self) -> None:
         """After a test: a sticky error still pending on the device is charged to that test (once: a context
