@@ -38,7 +38,8 @@ by default, side by side when an MPS daemon runs (README).
 a ``-k`` expression), and prints where the time before the first test goes: the xdist
 controller up to starting its workers (and which of torch, Triton, Hypothesis it had imported
 by then), the workers' start, import, configure and collection (the slowest worker's), and
-xdist's wait for that slowest collection; medians over the runs, seconds from the command's start.
+xdist's wait (first test less the first worker's collection); medians over the runs, seconds
+from the command's start.
 """
 
 from __future__ import annotations
@@ -285,21 +286,23 @@ def run_scaling(options) -> dict:
 
 # ---- startup --------------------------------------------------------------------------------
 
-# (process, phase, event, the row it is timed from): "at" is a median over the runs of the event's time from the
-# command's start (for the workers, the slowest worker's in each run), "took" the median time since the row named
-# (the latest row above with that event; the command's start for None). Events are startup_probe.py's.
+# (process, phase, event, the row it is timed from as (process, event)): "at" is a median over the runs of the
+# event's time from the command's start (for "workers", the slowest worker's in each run; for "first worker", the
+# fastest's), "took" the median time since the row named (the command's start for None). Events are
+# startup_probe.py's.
 STARTUP_ROWS = (
     ("controller", "python and pytest imported", "probe loaded", None),
-    ("controller", "conftest.py and plugins imported", "configure start", "probe loaded"),
-    ("controller", "configured", "configure end", "configure start"),
-    ("controller", "starts the workers", "spawn start", "configure end"),
-    ("controller", "all workers started", "spawn end", "spawn start"),
-    ("controller", "its collection step done", "collection end", "spawn end"),
-    ("workers", "python and pytest imported", "probe loaded", "spawn start"),
-    ("workers", "conftest.py and plugins imported", "configure start", "probe loaded"),
-    ("workers", "configured", "configure end", "configure start"),
-    ("workers", "collected", "collection finish", "configure end"),
-    ("xdist", "first test starts", "first test start", "collection finish"),
+    ("controller", "conftest.py and plugins imported", "configure start", ("controller", "probe loaded")),
+    ("controller", "configured", "configure end", ("controller", "configure start")),
+    ("controller", "starts the workers", "spawn start", ("controller", "configure end")),
+    ("controller", "all workers started", "spawn end", ("controller", "spawn start")),
+    ("controller", "its collection step done", "collection end", ("controller", "spawn end")),
+    ("workers", "python and pytest imported", "probe loaded", ("controller", "spawn start")),
+    ("workers", "conftest.py and plugins imported", "configure start", ("workers", "probe loaded")),
+    ("workers", "configured", "configure end", ("workers", "configure start")),
+    ("workers", "collected", "collection finish", ("workers", "configure end")),
+    ("first worker", "collected", "collection finish", ("controller", "spawn start")),
+    ("xdist", "first test (wait: since the first worker)", "first test start", ("first worker", "collection finish")),
 )
 
 
@@ -317,7 +320,7 @@ def _startup_run(options, log: Path) -> dict:
         output = result.stdout[-2000:] + result.stderr[-2000:]
         raise SystemExit(f"{' '.join(command)} exited {result.returncode}:\n{output}")
     lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-    run: dict[str, dict[str, float]] = {"controller": {}, "workers": {}, "xdist": {}}
+    run: dict[str, dict[str, float]] = {"controller": {}, "workers": {}, "first worker": {}, "xdist": {}}
     imported_at_spawn: list[str] | None = None
     for line in lines:
         t = line["t"] - start
@@ -326,8 +329,9 @@ def _startup_run(options, log: Path) -> dict:
             run["xdist"].setdefault(line["event"], t)
             if line["event"] == "spawn start":
                 imported_at_spawn = line["imported"]
-        else:  # the slowest worker
+        else:  # the slowest worker, and the fastest
             run["workers"][line["event"]] = max(t, run["workers"].get(line["event"], t))
+            run["first worker"][line["event"]] = min(t, run["first worker"].get(line["event"], t))
     return {"times": run, "imported_at_spawn": imported_at_spawn, "exit_s": time.time() - start}
 
 
@@ -344,17 +348,17 @@ def run_startup(options) -> dict:
     runs = [_startup_run(options, log) for _ in range(options.repeat)]
     print(f"pytest {' '.join(options.paths)} -n {options.workers} --device={options.device} -k {options.select!r}: "
           f"medians of {options.repeat} runs, seconds from the command's start")
-    print(f"{'process':<12}{'phase':<36}{'at s':>7}{'took s':>8}")
+    print(f"{'process':<14}{'phase':<44}{'at s':>7}{'took s':>8}")
     rows, seen = [], {}
     for process, name, event, since in STARTUP_ROWS:
         times = [run["times"][process].get(event) for run in runs]
         if any(t is None for t in times):
             continue  # without xdist, or an event this run has not got
         origin = seen.get(since, [0.0] * len(runs))
-        seen[event] = times
+        seen[process, event] = times
         rows.append({"process": process, "phase": name, "event": event, "times": times,
                      "at_s": _median(times), "took_s": _median([t - o for t, o in zip(times, origin)])})
-        print(f"{process:<12}{name:<36}{rows[-1]['at_s']:>7.2f}{rows[-1]['took_s']:>8.2f}")
+        print(f"{process:<14}{name:<44}{rows[-1]['at_s']:>7.2f}{rows[-1]['took_s']:>8.2f}")
     spawns = {tuple(run["imported_at_spawn"] or ()) for run in runs}
     print("imported by the controller when it starts the workers: "
           + "; ".join(", ".join(names) or "none of torch, triton, hypothesis, numpy" for names in spawns))

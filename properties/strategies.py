@@ -23,18 +23,12 @@ from .cases import (
     VALUE_REGIMES,
     DecodeCase,
 )
+from .sizes import SizeLimits
+
+_DEFAULT_LIMITS = SizeLimits()
 
 # Block sizes that Triton decode kernels use; each length at a boundary and one either side.
 _BLOCK_EDGES = sorted({n + d for n in (16, 32, 64, 128, 256) for d in (-1, 0, 1)})
-
-
-@dataclass(frozen=True)
-class SizeLimits:
-    """How large drawn cases get; set per profile (CPU interpreter runs stay small)."""
-
-    max_batch: int = 4
-    max_len: int = 300
-    max_spare_pages: int = 512
 
 
 def sequence_lengths(*, max_len: int) -> st.SearchStrategy[int]:
@@ -80,7 +74,7 @@ def _check_choices(name: str, chosen: tuple[str, ...], allowed: tuple[str, ...])
 
 def decode_cases(
     *,
-    limits: SizeLimits = SizeLimits(),
+    limits: SizeLimits = _DEFAULT_LIMITS,
     min_batch: int = 1,
     min_empty: int = 0,
     page_layouts: tuple[str, ...] = DEFAULT_PAGE_LAYOUTS,

@@ -5,7 +5,8 @@ import tempfile
 
 import pytest
 
-from properties._plugin.target import ImplSpecError, load_impl
+from properties._plugin import gpus
+from properties._plugin.target import DeviceError, ImplSpecError, confirm_device, device_type, load_impl
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 
@@ -81,3 +82,72 @@ def test_a_worker_without_the_runs_cuda_device_fails_instead_of_testing_on_the_c
     assert result.returncode != 0 and " passed" not in result.stdout, result.stdout
     message = "xdist worker on the run's device: --device=cuda but torch sees no CUDA device"
     assert message in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path, device):
+    """Its workers start at once; it imports torch and the implementation (and checks them) while they start."""
+    log = tmp_path / "imported.txt"
+    env = clean_environment(GQA_DECODE_REPORT_DIR="none", SPAWN_IMPORTS_LOG=str(log))
+    result = run_pytest("-p", "tests.spawn_imports", "properties/test_edge_shapes.py", "-n", "2", f"--device={device}",
+                        "--hypothesis-profile=ci", "-k", "test_batch_zero_gives_empty_results", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert log.read_text().split() == ["none"]
+    import torch
+
+    expected = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu"
+    assert f"device={expected} " in result.stdout  # the header still names the device
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("no_such_module:run", "cannot import module"),  # found out before the workers start
+    ("kernel:no_such_function", "has no callable"),  # once they are starting
+])
+def test_bad_impl_spec_is_a_usage_error_under_xdist(spec, message):
+    env = clean_environment(GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest("properties/test_decode.py", "-n", "2", "--device=cpu", f"--impl={spec}", env=env)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert f"--impl='{spec}'" in result.stderr and message in result.stderr
+    assert "node down" not in result.stdout  # the workers' own failures are not reported
+
+
+def test_cuda_without_cuda_is_a_usage_error_under_xdist():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run_pytest("properties/test_decode.py", "-n", "2", "--device=cuda",
+                        env=clean_environment(GQA_DECODE_REPORT_DIR="none"))
+    assert result.returncode == 4
+    assert "--device=cuda but torch sees no CUDA device" in result.stderr
+
+
+def test_an_xdist_controller_says_what_the_implementation_declares(tmp_path):
+    (tmp_path / "with_knobs.py").write_text(
+        "from tests.impls.torch_float32 import run as correct\n"
+        "def run(*args, flavour):\n"
+        "    return correct(*args)\n"
+        "run.knobs = {'flavour': ('plain', 'spiced')}\n"
+    )
+    result = run_pytest("properties/test_edge_shapes.py", "-n", "2", "--hypothesis-profile=ci",
+                        "-k", "test_batch_zero_gives_empty_results", f"--impl={tmp_path / 'with_knobs.py'}:run",
+                        env=clean_environment(GQA_DECODE_REPORT_DIR="none"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gqa-decode: the implementation declares knobs flavour" in result.stdout
+
+
+def test_the_controller_chooses_the_device_without_torch_and_torch_confirms_it(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(gpus, "cuda_device_count", lambda: 2)
+    assert device_type("auto") == "cuda" and device_type("cuda") == "cuda" and device_type("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match="--device=auto: the CUDA driver reports a GPU but torch sees none"):
+        confirm_device("auto", "cuda")
+    with pytest.raises(DeviceError, match="--device=cuda but torch sees no CUDA device"):
+        confirm_device("cuda", "cuda")
+    monkeypatch.setattr(gpus, "cuda_device_count", lambda: 0)
+    assert device_type("auto") == "cpu"
+    with pytest.raises(DeviceError, match="--device=cuda but torch sees no CUDA device"):
+        device_type("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(DeviceError, match="the CUDA driver reports none but torch sees a CUDA device"):
+        confirm_device("auto", "cpu")

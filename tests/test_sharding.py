@@ -2,6 +2,8 @@
 
 import argparse
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from properties._plugin import gpus, shards
 from properties._plugin.plugin import count_or_auto
 from properties._plugin.shards import Shard
-from tests.pytest_runs import clean_environment, run_pytest
+from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 
 @pytest.fixture
@@ -66,15 +68,44 @@ def test_visible_gpu_ids_follow_cuda_visible_devices(monkeypatch):
 
 
 def test_auto_means_workers_per_gpu_times_gpus_and_the_core_count_without_cuda(monkeypatch):
-    import torch
-
     assert gpus.auto_worker_count("cpu", 2) is None
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(gpus, "cuda_device_count", lambda: 2)
     assert gpus.auto_worker_count("auto", 1) == 2
     assert gpus.auto_worker_count("cuda", 3) == 6
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpus, "cuda_device_count", lambda: 0)
     assert gpus.auto_worker_count("auto", 1) is None
+
+
+@pytest.mark.parametrize("visible", [None, "", "0", "0,1", "1,0", "0,0", "-1", "GPU-no-such-uuid", "MIG-no-such-uuid"])
+def test_gpus_are_counted_without_torch_as_torch_counts_them(visible):
+    """The controller counts GPUs before importing torch (-n auto, the workers' device); in a fresh process, as
+    CUDA reads CUDA_VISIBLE_DEVICES once, the count matches torch's on whatever machine this runs (on a CUDA host
+    the driver's count; on a CPU build 0)."""
+    env = clean_environment()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    script = ("import sys; from properties._plugin import gpus; ours = gpus.cuda_device_count(); "
+              "assert 'torch' not in sys.modules or gpus.torch_build() is None; import torch; "
+              "print(ours, torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    ours, torchs = done.stdout.split()
+    assert ours == torchs
+
+
+@pytest.mark.parametrize(("text", "build"), [
+    ("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", "cuda"),
+    ("cuda = None\nhip = None\n", "cpu"),
+    ("cuda: Optional[str] = None\nhip: Optional[str] = '6.2.4'\n", None),  # ROCm: torch.cuda runs on HIP
+    ("__version__ = '2.13.0'\n", None),
+    ("cuda = compute()\n", None),
+])
+def test_torch_build_is_read_from_its_version_file(tmp_path, text, build):
+    (tmp_path / "version.py").write_text(text)
+    assert gpus.torch_build(tmp_path / "version.py") == build
+    assert gpus.torch_build(tmp_path / "missing.py") is None
 
 
 def test_shard_count_follows_the_workers_unless_given(monkeypatch):

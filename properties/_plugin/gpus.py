@@ -12,15 +12,21 @@ worker of any earlier run compiled is loaded, not compiled again in every worker
 Whether the run's CUDA processes join an MPS server (``mps_control_pipe``) is decided here too:
 under MPS one process's GPU fault reaches every process on that GPU (see ``properties/_plugin/mps.py``).
 
-Nothing here imports torch at module level: it runs before the worker is pinned.
+Nothing here imports torch at module level: it runs before the worker is pinned. The controller counts the GPUs
+without torch too (``cuda_device_count``: the CUDA driver's own count), so that it can start its workers before
+it has imported torch.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import ctypes
 import fcntl
+import importlib.util
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -32,8 +38,8 @@ WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, where the env variable is unset
 
-__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "mps_control_pipe",
-           "pin_this_worker", "release_slots", "share_cores", "visible_gpu_ids", "workers_per_gpu"]
+__all__ = ["Pin", "auto_worker_count", "claim_slot", "cuda_device_count", "export_gpus", "memory_turn",
+           "mps_control_pipe", "pin_this_worker", "release_slots", "share_cores", "visible_gpu_ids", "workers_per_gpu"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,61 @@ def release_slots() -> None:
     """Close the claimed slots' lock files (a worker never needs to: its exit releases them)."""
     while _held_slot_locks:
         os.close(_held_slot_locks.pop())
+
+
+def torch_build(version_file: Path | None = None) -> str | None:
+    """What the installed torch was built for, read from ``torch/version.py`` without importing torch: "cuda",
+    "cpu" (no ``torch.version.cuda``: ``torch.cuda.is_available()`` is False), or None where that file does not
+    tell (not found, not literal, or a ROCm build, whose ``torch.cuda`` runs on HIP)."""
+    if version_file is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        version_file = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        tree = ast.parse(version_file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    values = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
+            node, "target", None)
+        if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
+            with contextlib.suppress(ValueError, TypeError, SyntaxError, RecursionError):
+                values[target.id] = ast.literal_eval(node.value)
+    if "cuda" not in values or values.get("hip"):
+        return None
+    return "cpu" if values["cuda"] is None else "cuda"
+
+
+def driver_device_count() -> int:
+    """The CUDA driver's device count (``cuInit``, ``cuDeviceGetCount``): what the CUDA runtime under torch counts,
+    ``CUDA_VISIBLE_DEVICES`` applied by the driver itself (indices, UUIDs, MIG instances, "" for none). 0 without a
+    driver or a device, as torch's ``cudaGetDeviceCount`` then gives."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices torch sees in this process (``torch.cuda.device_count()`` where
+    ``torch.cuda.is_available()``, else 0), told without importing torch where that can be: 0 for a torch built
+    without CUDA, the driver's count for a CUDA build on Linux. Elsewhere (ROCm, another OS, no torch/version.py)
+    it asks torch. The xdist controller's answer is checked against torch's once it has imported torch
+    (``target.confirm_device``)."""
+    build = torch_build() if sys.platform == "linux" else None
+    if build == "cpu":
+        return 0
+    if build == "cuda":
+        return driver_device_count()
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def visible_gpu_ids(count: int) -> list[str]:
@@ -160,13 +221,12 @@ def workers_per_gpu(option: int | str, gpu_count: int, cores: int | None = None)
 def auto_worker_count(device_choice: str, per_gpu: int | str) -> int | None:
     """What ``-n auto`` means: ``workers_per_gpu`` per visible GPU; None (xdist's core count) without CUDA.
 
-    Runs in the controller only, which runs no test, so initialising CUDA there is harmless.
+    Runs in the controller only, which runs no test, so initialising CUDA there is harmless; it does not import
+    torch (``cuda_device_count``).
     """
     if device_choice == "cpu":
         return None
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = cuda_device_count()
     return count * workers_per_gpu(per_gpu, count) if count else None
 
 

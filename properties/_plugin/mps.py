@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .casefiles import REPLAY_MODULE
 from .gpus import MPS_PIPE_ENV
 
 MAX_REPLAYS = 16  # two faults' worth at 8 workers per GPU; more crashes stay crashed, unconfirmed
@@ -82,6 +81,8 @@ def _replay_one(nodeid: str, case_file: str, *, device: str, root: Path, gpu: st
     from taking new clients. Where the GPU takes no process outside MPS (exclusive-process mode: the replay
     finds no device and exits 2), once more inside it.
     """
+    from .casefiles import REPLAY_MODULE  # here, not at import: casefiles imports torch, the header needs none
+
     command = [sys.executable, "-m", REPLAY_MODULE, case_file, "--device", device, "--no-png"]
     env = {name: value for name, value in os.environ.items() if name != "PYTEST_CURRENT_TEST"}  # not a test
     if gpu is not None:

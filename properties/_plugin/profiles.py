@@ -30,7 +30,7 @@ from hypothesis.database import (
     ReadOnlyDatabase,
 )
 
-from ..strategies import SizeLimits
+from ..sizes import SizeLimits
 
 DATABASE_DIR = Path(".hypothesis") / "examples"  # relative to the working directory, as Hypothesis's own
 DATABASE_DIR_ENV = "GQA_DECODE_DATABASE_DIR"

@@ -33,9 +33,11 @@ from hypothesis import Phase, settings
 from hypothesis.errors import HypothesisException
 
 __all__ = [
-    "FailureClaims", "Shard", "generates_examples", "is_hypothesis_test", "property_name", "share_database_key",
-    "sharded",
+    "FailureClaims", "Shard", "generates_examples", "in_suite", "is_hypothesis_test", "is_property", "property_name",
+    "share_database_key", "sharded",
 ]
+
+PROPERTY_SUITE = Path(__file__).resolve().parent.parent  # properties/: the tests that are split into shards
 
 _SHARD_ID = re.compile(r"shard(\d+)of(\d+)")
 _SHARD_PARAMETER = re.compile(r"\[shard\d+of\d+\]$|(?<=\[)shard\d+of\d+-|-shard\d+of\d+(?=\])")
@@ -72,6 +74,16 @@ def resolved_shard_count(option: int | str) -> int:
 
 def is_hypothesis_test(function: object) -> bool:
     return bool(getattr(function, "is_hypothesis_test", False))
+
+
+def in_suite(path: Path | str) -> bool:
+    """Whether a test file is one of the suite's own (under ``properties/``)."""
+    return Path(path).resolve().is_relative_to(PROPERTY_SUITE)
+
+
+def is_property(function: object, path: Path | str) -> bool:
+    """Whether a test is one of the suite's properties: a Hypothesis test in ``properties/``."""
+    return is_hypothesis_test(function) and in_suite(path)
 
 
 def generates_examples(function: object) -> bool:

@@ -15,7 +15,9 @@ has the contract's signature; it may declare, as attributes:
 
 The device is resolved once, here: on the CPU the kernel runs in Triton's interpreter,
 which must be switched on, with the bf16 compatibility layer, before any Triton kernel
-(ours or the target's) is imported.
+(ours or the target's) is imported. An xdist controller chooses its workers' device before
+it imports torch (``device_type``) and has torch confirm the choice afterwards
+(``confirm_device``).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import NAMESPACE, sibling
+from . import gpus
 
 DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
 
-__all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "load_impl", "load_target", "resolve_device"]
+__all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "check_spec", "confirm_device", "device_type",
+           "load_impl", "load_target", "resolve_device"]
 
 
 class DeviceError(ValueError):
@@ -46,8 +50,7 @@ def resolve_device(choice: str):
     interpreter on and install its bf16 compatibility layer (before any Triton kernel is imported)."""
     import torch
 
-    if choice not in ("auto", "cpu", "cuda"):
-        raise DeviceError(f"--device={choice!r}: expected auto, cpu or cuda")
+    _check_choice(choice)
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
@@ -56,6 +59,36 @@ def resolve_device(choice: str):
         os.environ["TRITON_INTERPRET"] = "1"
         sibling("kernel._interpreter_compat").install()
     return torch.device(choice)
+
+
+def _check_choice(choice: str) -> None:
+    if choice not in ("auto", "cpu", "cuda"):
+        raise DeviceError(f"--device={choice!r}: expected auto, cpu or cuda")
+
+
+def device_type(choice: str) -> str:
+    """The device type (``"cuda"`` or ``"cpu"``) that ``resolve_device(choice)`` gives, told without importing torch
+    where CUDA's driver can answer (``gpus.cuda_device_count``): what an xdist controller tells its workers before it
+    imports torch. ``--device=cuda`` with no device raises ``resolve_device``'s error (asking torch first)."""
+    _check_choice(choice)
+    if choice == "cpu":
+        return "cpu"
+    if gpus.cuda_device_count() > 0:
+        return "cuda"
+    return resolve_device("cuda").type if choice == "cuda" else "cpu"
+
+
+def confirm_device(choice: str, chosen: str):
+    """``resolve_device(chosen)`` for an xdist controller that chose ``chosen`` from ``choice`` with ``device_type``
+    and told its workers so: where torch disagrees (``auto`` found the driver's GPUs but torch cannot use them, or
+    the other way round), the run stops with a usage error rather than run on a device nobody meant."""
+    import torch
+
+    if choice == "auto" and torch.cuda.is_available() != (chosen == "cuda"):
+        driver, torch_sees = ("reports a GPU", "none") if chosen == "cuda" else ("reports none", "a CUDA device")
+        raise DeviceError(f"--device=auto: the CUDA driver {driver} but torch sees {torch_sees}; "
+                          "choose one with --device=cuda or --device=cpu")
+    return resolve_device(chosen)
 
 
 WAIVERS = {
@@ -126,18 +159,41 @@ def _import_file(path: Path):
     return module
 
 
-def load_impl(spec: str, root: Path | None = None) -> Callable:
-    """Return the callable ``spec`` names; relative file paths resolve against ``root`` (default: cwd)."""
+def _parse_spec(spec: str, root: Path | None) -> tuple[Path | str, str]:
+    """``spec``'s file (resolved against ``root``, default: cwd) or module name, and its attribute."""
     target, sep, attribute = spec.rpartition(":")
     if not sep or not target or not attribute:
         raise ImplSpecError(f"--impl={spec!r}: expected 'package.module:function' or 'path/to/file.py:function'")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_absolute():
-            path = (root or Path.cwd()) / path
-        if not path.is_file():
-            raise ImplSpecError(f"--impl={spec!r}: no such file {path}")
-        module = _import_file(path.resolve())
+    if not target.endswith(".py"):
+        return target, attribute
+    path = Path(target)
+    if not path.is_absolute():
+        path = (root or Path.cwd()) / path
+    if not path.is_file():
+        raise ImplSpecError(f"--impl={spec!r}: no such file {path}")
+    return path.resolve(), attribute
+
+
+def check_spec(spec: str, root: Path | None = None) -> None:
+    """What ``load_impl`` checks without importing the target: the form, the file, the module being found (its
+    parent packages are imported to find it). An xdist controller checks this much before starting its workers,
+    the rest once they are starting."""
+    target, _ = _parse_spec(spec, root)
+    if isinstance(target, Path):
+        return
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as error:
+        raise ImplSpecError(f"--impl={spec!r}: cannot import module {target!r} ({error})") from error
+    if found is None:
+        raise ImplSpecError(f"--impl={spec!r}: cannot import module {target!r} (no module named {target!r})")
+
+
+def load_impl(spec: str, root: Path | None = None) -> Callable:
+    """Return the callable ``spec`` names; relative file paths resolve against ``root`` (default: cwd)."""
+    target, attribute = _parse_spec(spec, root)
+    if isinstance(target, Path):
+        module = _import_file(target)
     else:
         try:
             module = importlib.import_module(target)
@@ -145,5 +201,5 @@ def load_impl(spec: str, root: Path | None = None) -> Callable:
             raise ImplSpecError(f"--impl={spec!r}: cannot import module {target!r} ({error})") from error
     function = getattr(module, attribute, None)
     if not callable(function):
-        raise ImplSpecError(f"--impl={spec!r}: {target} has no callable {attribute!r}")
+        raise ImplSpecError(f"--impl={spec!r}: {spec.rpartition(':')[0]} has no callable {attribute!r}")
     return function

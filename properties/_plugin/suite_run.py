@@ -1,0 +1,368 @@
+"""One pytest run of the suite: the ``SuiteRun`` object whose methods are the hooks, with its recorder, guard,
+failure claims, knob draws and run report.
+
+``plugin.py`` registers it once the run's implementation is loaded: at configure time, or, in an xdist
+controller, once its workers are starting (that process imports torch and the implementation here, not before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+
+from .. import cases, stages
+from . import casefiles, gpus, knobs, mps, run_report, shards
+from .containment import CudaContextLost, Guard, is_sticky_cuda_error
+from .target import WAIVERS, Target
+
+if TYPE_CHECKING:
+    from .plugin import RunState
+
+INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
+
+__all__ = ["INFRASTRUCTURE", "SuiteRun"]
+
+
+def _infrastructure_error(report: pytest.TestReport) -> bool:
+    return any(name == INFRASTRUCTURE for name, _ in getattr(report, "user_properties", ()))
+
+
+def _stop_session(item: pytest.Item) -> None:
+    item.session.shouldstop = f"the CUDA context was lost in {item.nodeid}; later tests would fail spuriously"
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    """The run report's word for a test phase's result; "stopped" for a shard that gave way to a sibling,
+    "error" where the suite itself could not run it."""
+    if _infrastructure_error(report):
+        return "error"
+    if report.skipped:
+        return "stopped" if "stopped:" in str(report.longrepr) else "skipped"
+    return report.outcome
+
+
+def _as_declared(target: Target, function: Callable) -> Callable:
+    """``function`` whose LSE is None exactly when the target declares ``returns_lse = False``, and whose
+    empty sequences' rows read as the contract's (0, -inf) when it waives ``empty_sequences``."""
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        output, lse = function(*args, **kwargs)
+        if target.returns_lse and lse is None:
+            raise AssertionError(f"{target.spec} returned lse=None; an implementation without a final LSE "
+                                 "declares returns_lse = False")
+        lse = lse if target.returns_lse else None
+        if "empty_sequences" in target.waives and isinstance(output, torch.Tensor):
+            indptr = kwargs["kv_indptr"] if "kv_indptr" in kwargs else args[3]
+            empty = (indptr[1:] == indptr[:-1]).to(output.device)
+            output = torch.where(empty[:, None, None], 0.0, output).to(output.dtype)
+            lse = None if lse is None else torch.where(empty[:, None], -math.inf, lse)
+        return output, lse
+
+    return call
+
+
+class _InThread:
+    """``function()`` run in a thread of its own; ``join`` waits for it and raises what it raised."""
+
+    def __init__(self, function: Callable[[], None], name: str) -> None:
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                function()
+            except BaseException as error:  # noqa: BLE001 - raised again in join
+                self.error = error
+
+        self.thread = threading.Thread(target=run, name=name, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+class SuiteRun:
+    """One pytest run of the suite: its recorder, guard, shards and report; hooks and fixtures as methods."""
+
+    def __init__(self, config: pytest.Config, state: RunState, pin: gpus.Pin | None) -> None:
+        self.config, self.state, self.pin = config, state, pin
+        self.recorder = casefiles.Recorder()
+        self.report_path: Path | None = None
+        self.started: dict[str, float] = {}
+        self.outcomes: dict[str, dict] = {}  # per item: outcome, case file, error (for the run report)
+        self.guard = Guard(state.device, save=self._save_after_fault, nodeid=lambda: self.recorder.nodeid,
+                           in_worker=state.worker is not None, replay=casefiles.replay_command)
+        self.shard_count = shards.resolved_shard_count(config.option.shards)
+        self.claims = shards.FailureClaims(state.claims_dir)
+        self.knob_draws = knobs.KnobDraws(state.target.knobs)
+        self.report_warm_up: threading.Thread | None = None
+        self.report_writer: _InThread | None = None
+        self.mps_pipe = gpus.mps_control_pipe()
+        self.crashes: dict[str, str | None] = {}  # crashes this process reports: node id -> case file, if saved
+        self.replays: list[mps.Replay] = []
+        cases.add_build_observer(self.recorder.note_build)
+        # What each test item builds, how far it got and where its time went.
+        synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
+        self.counter = run_report.ItemCounter(stages.StageClock(synchronize=synchronize))
+        stages.install(self.counter.clock)
+        cases.add_build_observer(self.counter.observe_case)
+        self.is_controller = state.controller
+        if not self.is_controller:
+            for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
+                os.environ.pop(name, None)
+            gpus.share_cores()
+
+    def guarded_impl(self) -> Callable:
+        """The implementation under test as the ``impl`` fixture gives it: its calls recorded, its knobs drawn,
+        its faults contained, its time counted as the kernel stage."""
+        function = _as_declared(self.state.target, self.knob_draws.applied_to(self.state.target.function))
+        return stages.timed("kernel", self.guard.wrap(function, self.recorder.note_call))
+
+    # ---- session -------------------------------------------------------------------------------
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        cases.remove_build_observer(self.recorder.note_build)
+        cases.remove_build_observer(self.counter.observe_case)
+        stages.uninstall()
+
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        """A test the suite could not run (its own allocation failed) counts as an error, not a failure."""
+        if report.failed and _infrastructure_error(report):
+            return "error", "E", ("ERROR (infrastructure)", {"red": True})
+        return None
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        reasons = {
+            "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
+            else None,
+            "strict": "a strict-tier claim (--contract=strict)" if self.state.contract != "strict" else None,
+            **{name: f"the implementation waives {name}: {WAIVERS[name]}" if name in self.state.target.waives
+               else None for name in WAIVERS},
+        }
+        for item in items:
+            for marker, reason in reasons.items():
+                if reason and marker in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+
+    # ---- shards --------------------------------------------------------------------------------
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        function = metafunc.function
+        if self.shard_count < 2 or not shards.is_property(function, metafunc.definition.path):
+            return
+        if not shards.generates_examples(function):
+            return
+        metafunc.parametrize("hypothesis_shard", [shards.Shard(i, self.shard_count) for i in range(self.shard_count)],
+                             indirect=True, ids=str)
+
+    @pytest.hookimpl(hookwrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        if not shards.is_hypothesis_test(getattr(item, "obj", None)):
+            yield
+            return
+        callspec = getattr(item, "callspec", None)
+        sharded = callspec is not None and "hypothesis_shard" in callspec.params
+        if sharded:
+            shards.share_database_key(item)
+        with shards.wrapping_examples(item, self.counter.counting), \
+                self.claims.watching(item) if sharded else contextlib.nullcontext(), \
+                shards.wrapping_examples(item, self.guard.shielding):
+            yield
+
+    # ---- one test ------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.recorder.begin(item.nodeid)
+        self.counter.begin(item.nodeid)
+        self.started[item.nodeid] = time.perf_counter()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        report = outcome.get_result()
+        if call.when == "call" and report.failed and call.excinfo.errisinstance(cases.SuiteOutOfMemory):
+            # The suite's own allocation, not the kernel: an infrastructure error, no case file.
+            report.user_properties.append((INFRASTRUCTURE, call.excinfo.exconly()))
+        elif call.when == "call" and report.failed:
+            self._record_failure(item, call, report)
+        if report.skipped or call.when == "call":
+            self.outcomes.setdefault(item.nodeid, {}).update(outcome=_outcome(report))
+        if call.when == "teardown" and self.state.report_dir is not None and shards.is_property(
+                getattr(item, "obj", None), item.path):
+            seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
+            self.counter.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
+                             tier=self.state.contract, **self.outcomes.pop(item.nodeid, {}))
+
+    def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
+        error = call.excinfo.value
+        lost = isinstance(error, CudaContextLost) or self.guard.lost is not None
+        if lost:  # saved already, by the guard; whatever was raised after the fault is that fault
+            _stop_session(item)
+            report.sections.append(("gqa-decode case file", (self.guard.lost or str(error)).partition("\n")[2]))
+            return
+        sticky = is_sticky_cuda_error(error)
+        if sticky and self.state.worker:
+            self.guard.contain(error)  # does not return
+        if not self.recorder.used or not shards.is_hypothesis_test(getattr(item, "obj", None)):
+            return  # case files are for the suite's properties, not for unit tests that build a case
+        path = self._save_case(call.excinfo.exconly(), str(getattr(item, "hypothesis_report_information", "")),
+                               device_readable=not sticky)
+        self.outcomes[item.nodeid] = {"case_file": path, "error": call.excinfo.exconly()}
+        shown = f"{path}\nreplay: {casefiles.replay_command(path)}" if path else self._budget_note()
+        report.sections.append(("gqa-decode case file", shown))
+        if sticky:
+            _stop_session(item)
+
+    def _budget_note(self) -> str:
+        return (f"not saved: the run's case files reached --failures-budget="
+                f"{self.state.failures_budget.max_bytes // 2**20} MB")
+
+    def _save_case(self, error: str, hypothesis_output: str = "", device_readable: bool = True) -> Path | None:
+        state = self.state
+        if not state.failures_budget.allows(state.failures_dir, state.run_id):
+            return None
+        return casefiles.save_case(
+            state.failures_dir, self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
+            profile=shards.profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
+            device_readable=device_readable,
+        )
+
+    def _save_after_fault(self, error: str) -> Path | None:
+        """The crashing shard claims its property (its siblings stop instead of crashing too) and saves the
+        case; None when a sibling crashed first and reports it."""
+        nodeid = self.recorder.nodeid or ""
+        prop = shards.property_name(nodeid)
+        if not self.claims.claim(prop, nodeid) and self.claims.owner(prop) != nodeid:
+            return None
+        path = self._save_case(error, device_readable=False)
+        if path is None:
+            raise RuntimeError(self._budget_note())
+        if self.state.worker is None:  # without xdist this process reports its own crash
+            self.crashes[nodeid] = str(path)
+        return path
+
+    def _gpu(self) -> str | None:
+        if self.state.device.type != "cuda":
+            return None
+        pinned = self.pin.gpu if self.pin is not None else None
+        return pinned or os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
+        """A worker died running ``crashitem``: add the case file it saved, if any, to the crash report."""
+        owner = self.claims.owner(shards.property_name(crashitem))
+        if owner is not None and owner != crashitem:  # a sibling shard crashed first: it reports the property
+            report.outcome = "skipped"
+            report.longrepr = (str(crashitem), 0, f"Skipped: stopped: crashed too, but {owner} crashed first and "
+                                                  "reports this property")
+            self._report_crash(crashitem, "stopped")
+            return
+        saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.run_id)
+                 if entry["nodeid"] == crashitem]
+        for entry in saved:
+            report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
+                               f"replay: {casefiles.replay_command(entry['path'])}")
+        self.crashes[crashitem] = saved[0]["path"] if saved else None
+        self._report_crash(crashitem, "crashed", saved[0] if saved else None)
+
+    def _report_crash(self, nodeid: str, outcome: str, saved: dict | None = None) -> None:
+        """The run report's line for an item whose worker died (its worker wrote none)."""
+        if self.state.report_dir is None:
+            return
+        self.counter.begin(nodeid)
+        self.counter.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.contract,
+                         case_file=saved["path"] if saved else None,
+                         error=saved["error"] if saved else "the worker running it died")
+
+    # ---- the end -------------------------------------------------------------------------------
+
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
+        """The xdist controller's first property started on a worker: warm the run report's plotting up in a
+        thread, while the controller idles, rather than after the last test (``run_report.warm_up``)."""
+        if (self.report_warm_up is None and self.is_controller and self.state.report_dir is not None
+                and shards.in_suite(self.config.rootpath / location[0])):
+            self.report_warm_up = threading.Thread(target=run_report.warm_up, name="gqa-decode-report-warm-up",
+                                                   daemon=True)
+            self.report_warm_up.start()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """A completed run under xdist: every worker has finished its session (and its part file), so the
+        report is drawn in a thread while xdist's own ``pytest_sessionfinish`` waits a second or two for the
+        worker processes to exit, not after it; unless crashes wait to be replayed (MPS), which needs them
+        gone."""
+        if self.is_controller and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not (
+                self.mps_pipe and self.crashes):
+            self.report_writer = _InThread(self._write_report, "gqa-decode-report")
+
+    @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_after_workers(self, session: pytest.Session, exitstatus: int) -> None:
+        """The report, once xdist has shut its workers down: waits for the thread above, or writes it here
+        (without xdist; an interrupted run, -x or Ctrl-C, whose workers' items in flight belong in it; a run
+        whose crashes are replayed first, under MPS)."""
+        if self.report_writer is not None:
+            self.report_writer.join()
+            return
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED and not session.shouldstop  # Ctrl-C: no replays
+        if self.mps_pipe and self.crashes and not self.state.worker and not interrupted:
+            self._replay_crashes()
+        self._write_report()
+
+    def _replay_crashes(self) -> None:
+        """Replay each crash alone (``mps``): on the GPUs the run used, one lane each, or where this process
+        runs without xdist."""
+        lanes = [gpu for gpu in os.environ.get(gpus.GPU_IDS_ENV, "").split(",") if gpu] or [None]
+        self.replays = mps.replay_crashes(self.crashes, device=self.state.device.type, root=self.config.rootpath,
+                                          lanes=lanes)
+
+    def _write_report(self) -> None:
+        if self.report_warm_up is not None:
+            self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
+        directory = self.state.report_dir
+        if self.state.worker or directory is None or not directory.is_dir():
+            return
+        if self.mps_pipe:
+            mps.save(directory, self.mps_pipe, self.replays)
+        self.report_path = run_report.write_report(directory, self.state.run_id)
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+        state = self.state
+        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}")
+        for said in state.target.declarations():
+            terminalreporter.write_line(f"declared by the implementation: {said}")
+        saved = casefiles.runs_index(state.failures_dir, state.run_id)
+        if saved:
+            terminalreporter.write_sep("=", "gqa-decode: failures saved as case files")
+            for entry in saved:
+                terminalreporter.write_line(f"{entry['nodeid']}\n    {casefiles.replay_command(entry['path'])}")
+        if self.replays:
+            terminalreporter.write_sep("=", "gqa-decode: crashes replayed alone (MPS: one process's GPU fault "
+                                            "reaches every process on its GPU)")
+            for replay in self.replays:
+                said = f"ERROR (not a crash of this property): {replay.nodeid}\n    {mps.COLLATERAL}" \
+                    if replay.collateral else f"CRASHED: {replay.nodeid}\n    {replay.status}: {replay.detail}"
+                terminalreporter.write_line(said)
+            if any(replay.collateral for replay in self.replays):
+                terminalreporter.write_line("pytest still counts every crash as failed: the crashed properties "
+                                            "were cut short, so the run cannot pass.")
+        if self.report_path is not None:
+            terminalreporter.write_sep("-", "gqa-decode run report")
+            table = [line for line in self.report_path.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("|")]
+            for line in table[:22]:
+                terminalreporter.write_line(line)
+            terminalreporter.write_line(f"report: {self.report_path} (summary.png beside it)")
+
