@@ -1,6 +1,7 @@
 """GPU pinning of xdist workers, what -n auto means, and properties split into shards."""
 
 import argparse
+import ctypes
 import os
 import subprocess
 import sys
@@ -58,6 +59,60 @@ def test_cpu_worker_gets_no_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     assert gpus.pin_this_worker() == gpus.Pin(gpu=None, slot="gw2")
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("per_gpu, sleeps", [("1", False), ("8", True)])
+def test_workers_sharing_a_gpu_wait_asleep(monkeypatch, slots, per_gpu, sleeps):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv(gpus.GPU_IDS_ENV, "0")
+    monkeypatch.setenv(gpus.SLOTS_DIR_ENV, str(slots))
+    monkeypatch.setenv(gpus.WORKERS_PER_GPU_ENV, per_gpu)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    calls = []
+    monkeypatch.setattr(gpus, "sleep_while_waiting", lambda: calls.append(os.environ["CUDA_VISIBLE_DEVICES"]))
+    gpus.pin_this_worker()
+    assert calls == (["0"] if sleeps else [])  # after the pin: the driver sees the worker's GPU only
+
+
+class _Driver:
+    """libcuda stand-in: ``devices`` GPUs; ``refuse`` makes cuDevicePrimaryCtxSetFlags_v2 fail."""
+
+    def __init__(self, devices: int, refuse: bool = False):
+        self.devices, self.refuse, self.flags = devices, refuse, {}
+
+    def cuInit(self, flags):  # noqa: N802 - the driver's names
+        return 0
+
+    def cuDeviceGetCount(self, count):  # noqa: N802
+        ctypes.cast(count, ctypes.POINTER(ctypes.c_int))[0] = self.devices
+        return 0
+
+    def cuDeviceGet(self, device, ordinal):  # noqa: N802
+        ctypes.cast(device, ctypes.POINTER(ctypes.c_int))[0] = 100 + ordinal
+        return 0
+
+    def cuDevicePrimaryCtxSetFlags_v2(self, device, flags):  # noqa: N802
+        self.flags[device.value] = flags
+        return 101 if self.refuse else 0
+
+
+@pytest.mark.parametrize("devices", [1, 3])
+def test_every_visible_device_gets_blocking_synchronisation(monkeypatch, devices):
+    driver = _Driver(devices)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: driver)
+    assert gpus.sleep_while_waiting()
+    assert driver.flags == {100 + i: 0x04 for i in range(devices)}  # CU_CTX_SCHED_BLOCKING_SYNC
+
+
+def test_a_refused_flag_or_no_driver_is_reported(monkeypatch):
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _Driver(2, refuse=True))
+    assert not gpus.sleep_while_waiting()
+
+    def no_driver(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_driver)
+    assert not gpus.sleep_while_waiting() and gpus.driver_device_count() == 0
 
 
 def test_visible_gpu_ids_follow_cuda_visible_devices(monkeypatch):
