@@ -75,8 +75,9 @@ def test_declared_knobs_are_drawn_per_example_and_explicit_examples_use_the_defa
 
 def test_a_worker_without_the_runs_cuda_device_fails_instead_of_testing_on_the_cpu():
     """Under MPS a GPU whose faulted processes are still exiting refuses new ones: a replacement worker
-    resolving --device=auto itself went to the CPU interpreter while the run said cuda."""
-    env = clean_environment(GQA_DECODE_REPORT_DIR="none")
+    resolving --device=auto itself went to the CPU interpreter while the run said cuda. No GPU is visible here
+    (CUDA_VISIBLE_DEVICES=""), so the worker sees none on a GPU host too."""
+    env = clean_environment(GQA_DECODE_REPORT_DIR="none", CUDA_VISIBLE_DEVICES="")
     result = run_pytest("-p", "tests.fake_cuda_controller", "properties/test_decode.py", "-n", "1",
                         "--max-worker-restart=0", "--hypothesis-profile=ci", env=env)
     assert result.returncode != 0 and " passed" not in result.stdout, result.stdout
