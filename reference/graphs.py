@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -65,27 +66,44 @@ class GraphCache(Generic[Inputs, Outputs]):
 
     def __init__(self, function: Callable[..., Outputs]) -> None:
         self.function = function
-        self._captured: dict[Hashable, Captured[Inputs, Outputs]] = {}
+        self._captured: dict[Hashable, Captured[Inputs, Outputs] | None] = {}  # None: capturing failed
         self._pools: dict[torch.device, object] = {}
+        self._warm: set[torch.device] = set()  # devices with a capture made: their operations are initialised
         self._lock = threading.Lock()
 
-    def get(self, device: torch.device, key: Hashable, make_inputs: Callable[[], Inputs]) -> Captured[Inputs, Outputs]:
+    def get(self, device: torch.device, key: Hashable,
+            make_inputs: Callable[[], Inputs]) -> Captured[Inputs, Outputs] | None:
         """The capture for ``key`` on ``device``, made on first use with ``make_inputs()`` as its input buffers
-        (which may be shared with other keys' captures: each replay reads what was filled just before it)."""
+        (which may be shared with other keys' captures: each replay reads what was filled just before it).
+
+        None where capturing failed (a driver or an operation that refuses it): the caller computes eagerly, as
+        with graphs off, after one warning per key. A fault that killed the context is raised, not hidden.
+        """
         with self._lock:
             full_key = (device, key)
             if full_key not in self._captured:
                 with torch.cuda.device(device):
-                    warm_up = device not in self._pools
-                    pool = self._pools.setdefault(device, torch.cuda.graph_pool_handle())
-                    self._captured[full_key] = Captured(self.function, make_inputs(), pool, warm_up=warm_up)
+                    self._captured[full_key] = self._capture(device, key, make_inputs)
             return self._captured[full_key]
+
+    def _capture(self, device: torch.device, key: Hashable, make_inputs: Callable[[], Inputs]):
+        pool = self._pools.setdefault(device, torch.cuda.graph_pool_handle())
+        try:
+            captured = Captured(self.function, make_inputs(), pool, warm_up=device not in self._warm)
+            self._warm.add(device)
+            return captured
+        except RuntimeError as error:
+            torch.cuda.synchronize(device)  # a sticky fault (the kernel under test's, say) raises here
+            warnings.warn(f"{ENABLED_ENV}: capturing {key} on {device} failed, computed eagerly instead: {error}",
+                          RuntimeWarning, stacklevel=4)
+            return None
 
     def clear(self) -> None:
         """Forget every capture (their memory returns to torch's allocator once unreferenced)."""
         with self._lock:
             self._captured.clear()
             self._pools.clear()
+            self._warm.clear()
 
     def __len__(self) -> int:
         return len(self._captured)

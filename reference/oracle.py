@@ -194,15 +194,15 @@ _GRAPHS: GraphCache[_Rows, Reference] = GraphCache(_reference_of)
 
 def _attend_chunk(q, k_cache, v_cache, kv_indices, starts: list[int], lengths: list[int], scale: float) -> Reference:
     """Oracle for one run of sequences (``starts`` and ``lengths`` on the host): replayed as a CUDA graph of a
-    padded shape where ``graphs_enabled``, else computed eagerly in the chunk's own shape."""
+    padded shape where ``graphs_enabled`` (and the capture worked), else computed eagerly in the chunk's own shape."""
     count, longest = len(lengths), max(lengths, default=0)
     device = q.device
     shape = _graph_shape(count, longest) if graphs_enabled(device) else None
-    if shape is None:
+    captured = _GRAPHS.get(device, shape, lambda: _graph_rows(*shape, device)) if shape else None
+    if captured is None:
         rows = _empty_rows(count, max(longest, 1), device)  # one masked slot keeps reductions non-empty
         _fill(rows, q, k_cache, v_cache, kv_indices, starts, lengths, scale)
         return _reference_of(rows)
-    captured = _GRAPHS.get(device, shape, lambda: _graph_rows(*shape, device))
     _fill(captured.inputs, q, k_cache, v_cache, kv_indices, starts, lengths, scale)
     return Reference(*(field[:count].clone() for field in captured.replay()))
 
