@@ -227,11 +227,10 @@ def pin_this_worker() -> Pin | None:
         pin = Pin(gpu=None, slot=worker)
     else:
         slots_dir = os.environ.get(SLOTS_DIR_ENV)
-        pin = claim_slot(
-            worker, gpu_ids, int(os.environ.get(WORKERS_PER_GPU_ENV, "1")), Path(slots_dir) if slots_dir else None
-        )
+        per_gpu = int(os.environ.get(WORKERS_PER_GPU_ENV, "1"))
+        pin = claim_slot(worker, gpu_ids, per_gpu, Path(slots_dir) if slots_dir else None)
         os.environ["CUDA_VISIBLE_DEVICES"] = pin.gpu
-        if int(os.environ.get(WORKERS_PER_GPU_ENV, "1")) > 1:  # a GPU shared with other workers: wait asleep
+        if per_gpu > 1:  # a GPU shared with other workers: wait asleep
             sleep_while_waiting()
     return pin
 
