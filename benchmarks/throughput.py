@@ -53,6 +53,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
@@ -335,12 +336,6 @@ def _startup_run(options, log: Path) -> dict:
     return {"times": run, "imported_at_spawn": imported_at_spawn, "exit_s": time.time() - start}
 
 
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
-
 def run_startup(options) -> dict:
     log = Path(options.out or tempfile.mkdtemp(prefix="gqa-startup-")) / "startup-probe.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -357,7 +352,7 @@ def run_startup(options) -> dict:
         origin = seen.get(since, [0.0] * len(runs))
         seen[process, event] = times
         rows.append({"process": process, "phase": name, "event": event, "times": times,
-                     "at_s": _median(times), "took_s": _median([t - o for t, o in zip(times, origin)])})
+                     "at_s": median(times), "took_s": median([t - o for t, o in zip(times, origin)])})
         print(f"{process:<14}{name:<44}{rows[-1]['at_s']:>7.2f}{rows[-1]['took_s']:>8.2f}")
     spawns = {tuple(run["imported_at_spawn"] or ()) for run in runs}
     print("imported by the controller when it starts the workers: "
