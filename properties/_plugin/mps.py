@@ -148,10 +148,12 @@ def replay_crashes(crashes: Mapping[str, str | None], *, device: str, root: Path
 # ---- words and the report's file ------------------------------------------------------------
 
 
-def header_line(pipe: Path) -> str:
-    """The terminal header's line: MPS is on, and what that means for crashes."""
-    return (f"gqa-decode: MPS server at {pipe}: a GPU fault in one process reaches every process on its GPU, so "
-            "each crash is replayed alone after the run and stays a crash only if it faults again")
+def header_line(pipe: Path, started_s: float | None = None) -> str:
+    """The terminal header's line: MPS is on, whether the run started its server (in ``started_s`` seconds,
+    ``mps_server``), and what that means for crashes."""
+    own = "" if started_s is None else f" (the run's own, started in {started_s:.1f} s; --mps=off: time-sliced)"
+    return (f"gqa-decode: MPS server at {pipe}{own}: a GPU fault in one process reaches every process on its GPU, "
+            "so each crash is replayed alone after the run and stays a crash only if it faults again")
 
 
 def report_line(pipe: str | Path, replays: Sequence[Replay]) -> str:

@@ -30,6 +30,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import os  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -41,7 +42,7 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # noqa: E402
 
-from . import mps, profiles, shards  # noqa: E402
+from . import mps, mps_server, profiles, shards  # noqa: E402
 from .target import (  # noqa: E402
     DEFAULT_IMPL,
     DeviceError,
@@ -100,6 +101,10 @@ _OPTIONS = (
      "size limits of generated cases; default small on cpu, large on cuda"),
     ("--workers-per-gpu", gpus.WORKERS_PER_GPU_ENV, "auto", count_or_auto, None, "N",
      "xdist workers per visible GPU under -n auto; auto: two cores per worker, at most 8 (the measured knee)"),
+    ("--mps", "GQA_DECODE_MPS", "auto", str, mps_server.MODES, None,
+     "auto: workers that share a GPU run side by side under an MPS server of the run's own (faster; one "
+     "process's GPU fault then reaches its neighbours, and crashes are replayed alone after the run); off: "
+     "they take turns on it"),
     ("--shards", "GQA_DECODE_SHARDS", "auto", count_or_auto, None, "N",
      "split each property into N items with a share of the examples each; auto: one per xdist worker"),
     ("--max-examples", "GQA_DECODE_MAX_EXAMPLES", None, positive_int, None, "N",
@@ -143,6 +148,8 @@ class RunPlan:
     controller: bool  # an xdist controller (its workers inherit its run id, claims and GPUs)
     claims_dir: Path  # failure claims, shared by the controller and its workers
     made_dirs: tuple[Path, ...]  # made by this process, removed at its end
+    mps_server: mps_server.Server | None = None  # started by this controller for its workers, stopped at its end
+    no_mps_server: str | None = None  # why starting one failed, for the header
 
 
 @dataclass(frozen=True)
@@ -220,17 +227,32 @@ def _run_plan(config: pytest.Config) -> RunPlan:
     inherited = os.environ.get(CLAIMS_DIR_ENV) if worker else None
     claims_dir = Path(inherited) if inherited else Path(tempfile.mkdtemp(prefix="gqa-decode-claims-"))
     made = () if inherited else (claims_dir,)
+    server, no_server = None, None
     if controller:  # what its workers inherit through their environment
         os.environ[RUN_ID_ENV] = run_id
         os.environ[CLAIMS_DIR_ENV] = str(claims_dir)
         if device == "cuda":
             ids = gpus.visible_gpu_ids(gpus.cuda_device_count())
             made += (gpus.export_gpus(ids, gpus.workers_per_gpu(option.workers_per_gpu, len(ids))),)
+            if _starts_workers(config):
+                server, no_server = _own_mps_server(option.mps, ids, option.numprocesses or 0)
     return RunPlan(
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
-        controller=controller, claims_dir=claims_dir, made_dirs=made,
+        controller=controller, claims_dir=claims_dir, made_dirs=made, mps_server=server, no_mps_server=no_server,
     )
+
+
+def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_server.Server | None, str | None]:
+    """An xdist controller on CUDA: start the run's own MPS server where ``mps_server`` says so, and name it to
+    the workers it is about to start; the server, or None and why starting one failed (None where the run
+    wants none)."""
+    if mps_server.why_not(mode, gpu_ids, workers, gpus.mps_control_pipe()) is not None:
+        return None, None
+    server, trouble = mps_server.start(gpu_ids)
+    if server is not None:
+        os.environ.update(server.environ())
+    return server, trouble
 
 
 def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
@@ -296,7 +318,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
-            *([mps.header_line(pipe)] if pipe else [])]
+            *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
+            *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]
+              if plan.no_mps_server else [])]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -317,6 +341,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     global _active
     _active = None
     plan = config.stash.get(PLAN, None)
+    if plan is not None and plan.mps_server is not None:
+        trouble = plan.mps_server.stop()  # after the crash replays (sessionfinish), which may need it
+        if trouble is not None:
+            print(f"gqa-decode: the run's MPS server did not quit ({trouble}); its folder is "
+                  f"{plan.mps_server.directory}", file=sys.stderr)
     for directory in plan.made_dirs if plan is not None else ():
         for path in directory.glob("*"):
             path.unlink(missing_ok=True)

@@ -1,0 +1,169 @@
+"""The run's own MPS server: workers that share a GPU run their kernels side by side, not in turns.
+
+Time-sliced, the eight workers on an H200 take turns on it and each read-back waits 4 to 5 ms for a
+turn; under an MPS server their kernels run side by side (1 to 2 ms): the plain command's tests ran at
+496 examples/s against 329, and long runs at 2.5x (docs/gpu.md sections 17 and 19). So an xdist
+controller whose workers share a GPU starts an MPS control daemon of its own (``--mps=auto``, the
+default) before it starts them:
+
+- private: its pipe and log directories lie in a temporary directory of the run's, named to the
+  workers through ``CUDA_MPS_PIPE_DIRECTORY``, so no other process on the machine joins it; it runs
+  without ``CUDA_VISIBLE_DEVICES``, so the GPU ids the workers pin themselves to mean what they mean
+  outside it;
+- proven: a probe process must create a context and allocate on every GPU of the run through it
+  within ``PROBE_TIMEOUT_S`` (another user's MPS server on a GPU, a compute mode that refuses it),
+  or the daemon is stopped and the run goes on time-sliced, saying why;
+- stopped when the run ends, after the crash replays that MPS calls for (``mps``), which is what it
+  costs: one process's GPU fault reaches every process on its GPU.
+
+No MPS is started where one already runs (its control pipe exists: the workers join that one), with
+``--mps=off``, without workers sharing a GPU, on MIG instances, or without ``nvidia-cuda-mps-control``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .gpus import MPS_PIPE_ENV
+
+CONTROL = "nvidia-cuda-mps-control"
+LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+MODES = ("auto", "off")
+PROBE_TIMEOUT_S = 30.0  # the first client of a daemon starts its server
+QUIT_TIMEOUT_S = 30.0  # the server waits for its clients to end; the run's have
+
+# Runs in a process of its own (ctypes on the driver: no torch) with the run's GPUs visible: a context
+# and an allocation on each, through the server. Exit status 0 when every step worked.
+_PROBE = r"""
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+count, device, context, memory = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_void_p(), ctypes.c_uint64()
+def step(name, status):
+    if status != 0:
+        sys.exit(f"{name} returned CUDA error {status}")
+step("cuInit", cuda.cuInit(0))
+step("cuDeviceGetCount", cuda.cuDeviceGetCount(ctypes.byref(count)))
+for ordinal in range(count.value):
+    step("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(device), ordinal))
+    step("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
+    step("cuCtxSetCurrent", cuda.cuCtxSetCurrent(context))
+    step("cuMemAlloc", cuda.cuMemAlloc_v2(ctypes.byref(memory), ctypes.c_size_t(1 << 20)))
+    step("cuMemFree", cuda.cuMemFree_v2(memory))
+"""
+
+__all__ = ["CONTROL", "LOG_ENV", "MODES", "Server", "probe", "start", "why_not"]
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running MPS control daemon of this run's: where its pipe and logs are, and how long it took."""
+
+    directory: Path
+    control: str  # the nvidia-cuda-mps-control executable
+    seconds: float  # to start it and probe it
+
+    @property
+    def pipe_directory(self) -> Path:
+        return self.directory / "pipe"
+
+    @property
+    def log_directory(self) -> Path:
+        return self.directory / "log"
+
+    def environ(self) -> dict[str, str]:
+        """What a process needs in its environment to join this server."""
+        return {MPS_PIPE_ENV: str(self.pipe_directory), LOG_ENV: str(self.log_directory)}
+
+    def stop(self) -> str | None:
+        """Tell the daemon to quit (its server first waits for its clients to end) and remove its directory;
+        None, or why it did not quit (its directory is then left for a look)."""
+        trouble = _control(self.control, self.environ(), "quit", QUIT_TIMEOUT_S)
+        if trouble is None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return trouble
+
+
+def _daemon_environ(server_environ: dict[str, str]) -> dict[str, str]:
+    environ = {name: value for name, value in os.environ.items() if name != "CUDA_VISIBLE_DEVICES"}
+    return {**environ, **server_environ}
+
+
+def _control(control: str, server_environ: dict[str, str], command: str | None, timeout: float) -> str | None:
+    """Run ``nvidia-cuda-mps-control`` (``-d`` to start the daemon, or one command on its stdin); None or why not.
+
+    Its output goes to a file, not a pipe: the daemon it forks keeps the inherited descriptors open, and
+    reading a pipe would wait for the daemon to end."""
+    arguments, given = ([control, "-d"], b"") if command is None else ([control], command.encode() + b"\n")
+    name = f"{Path(control).name} {command or '-d'}"
+    with tempfile.TemporaryFile() as output:
+        try:
+            done = subprocess.run(arguments, input=given, env=_daemon_environ(server_environ), stdout=output,
+                                  stderr=subprocess.STDOUT, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"{name}: {error}"
+        output.seek(0)
+        said = output.read().decode(errors="replace").strip().splitlines()
+    if done.returncode != 0:
+        return f"{name} exited with status {done.returncode}" + (f": {said[-1]}" if said else "")
+    return None
+
+
+def probe(server_environ: dict[str, str], gpu_ids: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Create a context and allocate on every GPU of the run through the server, in a process of its own;
+    None, or why that failed."""
+    environ = {**os.environ, **server_environ, "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)}
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], env=environ, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"no context through it within {timeout:.0f} s"
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        return f"a process could not use the GPUs through it: {said[-1] if said else done.returncode}"
+    return None
+
+
+def why_not(mode: str, gpu_ids: Sequence[str], workers: int, running: Path | None) -> str | None:
+    """Why this run starts no MPS server of its own (None: it should): ``mode`` is ``--mps``, ``workers`` the
+    xdist worker count, ``running`` the control pipe of an MPS server the workers would join already."""
+    if mode == "off":
+        return "--mps=off"
+    if running is not None:
+        return f"the workers join the MPS server at {running}"
+    if workers <= len(gpu_ids):
+        return "no GPU is shared by two workers"
+    if any(gpu.startswith("MIG") for gpu in gpu_ids):
+        return "the GPUs are MIG instances"
+    return None
+
+
+def start(gpu_ids: Sequence[str], *, control: str | None = None,
+          check: Callable[[dict[str, str], Sequence[str]], str | None] | None = None,
+          ) -> tuple[Server | None, str | None]:
+    """Start a private MPS control daemon and prove it serves ``gpu_ids``: the server, or None and why not.
+
+    ``control`` is the daemon's executable (default: ``nvidia-cuda-mps-control`` on ``PATH``); ``check`` the
+    proof (default ``probe``), a stand-in in the suite's own tests.
+    """
+    control = control or shutil.which(CONTROL)
+    check = check or probe
+    if control is None:
+        return None, f"{CONTROL} is not on PATH"
+    started = time.perf_counter()
+    server = Server(Path(tempfile.mkdtemp(prefix="gqa-decode-mps-")), control, 0.0)
+    server.pipe_directory.mkdir()
+    server.log_directory.mkdir()
+    trouble = _control(control, server.environ(), None, PROBE_TIMEOUT_S) or check(server.environ(), gpu_ids)
+    if trouble is not None:
+        server.stop()
+        shutil.rmtree(server.directory, ignore_errors=True)
+        return None, trouble
+    return Server(server.directory, control, time.perf_counter() - started), None

@@ -1,0 +1,127 @@
+"""The run's own MPS server (properties/_plugin/mps_server.py), with a stand-in for nvidia-cuda-mps-control.
+
+The stand-in does what the real daemon does to the file system (``-d`` makes the ``control`` pipe in
+``$CUDA_MPS_PIPE_DIRECTORY``, ``quit`` on stdin removes it), logs what it was given, and, like a daemon, leaves
+a child holding its output open. On a GPU host the real one is exercised by the plain
+``pytest properties -n auto`` (docs/gpu.md).
+"""
+
+import os
+import stat
+
+import pytest
+
+from properties._plugin import gpus, mps, mps_server, plugin
+
+FAKE_CONTROL = """#!/bin/sh
+echo "$* CVD=${CUDA_VISIBLE_DEVICES-unset} LOG=$CUDA_MPS_LOG_DIRECTORY" >> "$FAKE_MPS_LOG"
+if [ "$1" = "-d" ]; then
+    [ -n "$FAKE_MPS_REFUSE" ] && { echo "An instance of this daemon is already running" >&2; exit 1; }
+    touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+    sleep 5 &   # the daemon lives on, holding the output it inherited
+    exit 0
+fi
+read command
+[ "$command" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+"""
+
+
+@pytest.fixture
+def fake_control(tmp_path, monkeypatch):
+    """A stand-in ``nvidia-cuda-mps-control`` first on PATH; yields its log file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / mps_server.CONTROL
+    control.write_text(FAKE_CONTROL)
+    control.chmod(control.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "control.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_MPS_LOG", str(log))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    return log
+
+
+def _proved(environ, gpu_ids):
+    return None
+
+
+def test_a_started_server_is_private_joined_by_its_environment_and_removed_when_stopped(fake_control):
+    server, trouble = mps_server.start(["3", "5"], check=_proved)
+    assert trouble is None and server is not None
+    environ = server.environ()
+    assert gpus.mps_control_pipe(environ) == server.pipe_directory / "control"
+    assert server.pipe_directory.parent == server.directory and server.log_directory.is_dir()
+    assert gpus.mps_control_pipe({gpus.MPS_PIPE_ENV: str(server.directory.parent)}) is None  # not the default
+    assert server.stop() is None
+    assert not server.directory.exists()
+    started, quit_ = fake_control.read_text().splitlines()
+    # The daemon sees every GPU, so the ids the workers pin themselves to mean the same inside it.
+    assert started == f"-d CVD=unset LOG={server.log_directory}"
+    assert quit_.startswith(" CVD=unset")
+
+
+def test_a_server_that_fails_its_probe_is_stopped_and_the_run_goes_on_time_sliced(fake_control):
+    asked = []
+    server, trouble = mps_server.start(["3"], check=lambda environ, ids: asked.append((environ, ids)) or "no")
+    assert server is None and trouble == "no"
+    (environ, ids), = asked
+    assert ids == ["3"] and environ[gpus.MPS_PIPE_ENV].endswith("pipe")
+    assert not os.path.exists(environ[gpus.MPS_PIPE_ENV])  # stopped (quit) and removed
+    assert fake_control.read_text().splitlines()[1].startswith(" CVD=unset")
+
+
+def test_a_daemon_that_will_not_start_is_named_with_its_own_words(fake_control, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_REFUSE", "1")
+    server, trouble = mps_server.start(["0"], check=_proved)
+    assert server is None
+    assert trouble == f"{mps_server.CONTROL} -d exited with status 1: An instance of this daemon is already running"
+
+
+def test_without_the_control_program_no_server_is_started(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert mps_server.start(["0"], check=_proved) == (None, f"{mps_server.CONTROL} is not on PATH")
+
+
+def test_the_probe_needs_a_cuda_driver_that_serves_every_gpu(fake_control):
+    """The real probe in a process of its own: where no CUDA driver loads (this CPU host) it says why."""
+    if gpus.driver_device_count():
+        pytest.skip("a CUDA driver is here: the probe would pass")
+    server, trouble = mps_server.start(["0"])
+    assert server is None
+    assert trouble.startswith("a process could not use the GPUs through it: ") and "libcuda" in trouble
+
+
+@pytest.mark.parametrize(("mode", "gpu_ids", "workers", "running", "why"), [
+    ("auto", ["0"], 8, None, None),
+    ("auto", ["0", "1"], 16, None, None),
+    ("off", ["0"], 8, None, "--mps=off"),
+    ("auto", ["0", "1"], 2, None, "no GPU is shared by two workers"),
+    ("auto", ["MIG-1234"], 8, None, "the GPUs are MIG instances"),
+])
+def test_which_runs_start_a_server_of_their_own(mode, gpu_ids, workers, running, why):
+    assert mps_server.why_not(mode, gpu_ids, workers, running) == why
+
+
+def test_a_server_already_running_is_joined_not_replaced(tmp_path, fake_control, monkeypatch):
+    pipe = tmp_path / "nvidia-mps"
+    pipe.mkdir()
+    (pipe / "control").touch()
+    monkeypatch.setenv(gpus.MPS_PIPE_ENV, str(pipe))
+    assert mps_server.why_not("auto", ["0"], 8, gpus.mps_control_pipe()).startswith("the workers join")
+    assert plugin._own_mps_server("auto", ["0"], 8) == (None, None)
+    assert not fake_control.exists()  # the control program was never run
+
+
+def test_the_controller_names_its_server_to_the_workers_it_starts(fake_control, monkeypatch):
+    monkeypatch.delenv(gpus.MPS_PIPE_ENV, raising=False)
+    monkeypatch.delenv(mps_server.LOG_ENV, raising=False)
+    monkeypatch.setattr(gpus, "DEFAULT_MPS_PIPE_DIRECTORY", str(fake_control.parent / "no-default-server"))
+    monkeypatch.setattr(mps_server, "probe", _proved)
+    server, trouble = plugin._own_mps_server("auto", ["0"], 8)
+    try:
+        assert trouble is None and server is not None
+        assert os.environ[gpus.MPS_PIPE_ENV] == str(server.pipe_directory)  # inherited by the workers
+        assert os.environ[mps_server.LOG_ENV] == str(server.log_directory)
+        assert "(the run's own, started in " in mps.header_line(gpus.mps_control_pipe(), server.seconds)
+    finally:
+        server.stop()
