@@ -8,6 +8,7 @@ a child holding its output open. On a GPU host the real one is exercised by the 
 
 import os
 import stat
+from types import SimpleNamespace
 
 import pytest
 
@@ -46,7 +47,7 @@ def _proved(environ, gpu_ids):
 
 
 def test_a_started_server_is_private_joined_by_its_environment_and_removed_when_stopped(fake_control):
-    server, trouble = mps_server.start(["3", "5"], check=_proved)
+    server, trouble = mps_server.start(["3", "5"], can_leave=True, check=_proved)
     assert trouble is None and server is not None
     environ = server.environ()
     assert gpus.mps_control_pipe(environ) == server.pipe_directory / "control"
@@ -62,7 +63,8 @@ def test_a_started_server_is_private_joined_by_its_environment_and_removed_when_
 
 def test_a_server_that_fails_its_probe_is_stopped_and_the_run_goes_on_time_sliced(fake_control):
     asked = []
-    server, trouble = mps_server.start(["3"], check=lambda environ, ids: asked.append((environ, ids)) or "no")
+    server, trouble = mps_server.start(["3"], can_leave=True,
+                                       check=lambda environ, ids: asked.append((environ, ids)) or "no")
     assert server is None and trouble == "no"
     (environ, ids), = asked
     assert ids == ["3"] and environ[gpus.MPS_PIPE_ENV].endswith("pipe")
@@ -72,21 +74,21 @@ def test_a_server_that_fails_its_probe_is_stopped_and_the_run_goes_on_time_slice
 
 def test_a_daemon_that_will_not_start_is_named_with_its_own_words(fake_control, monkeypatch):
     monkeypatch.setenv("FAKE_MPS_REFUSE", "1")
-    server, trouble = mps_server.start(["0"], check=_proved)
+    server, trouble = mps_server.start(["0"], can_leave=True, check=_proved)
     assert server is None
     assert trouble == f"{mps_server.CONTROL} -d exited with status 1: An instance of this daemon is already running"
 
 
 def test_without_the_control_program_no_server_is_started(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert mps_server.start(["0"], check=_proved) == (None, f"{mps_server.CONTROL} is not on PATH")
+    assert mps_server.start(["0"], can_leave=True, check=_proved) == (None, f"{mps_server.CONTROL} is not on PATH")
 
 
 def test_the_probe_needs_a_cuda_driver_that_serves_every_gpu(fake_control):
     """The real probe in a process of its own: where no CUDA driver loads (this CPU host) it says why."""
     if gpus.driver_device_count():
         pytest.skip("a CUDA driver is here: the probe would pass")
-    server, trouble = mps_server.start(["0"])
+    server, trouble = mps_server.start(["0"], can_leave=True)
     assert server is None
     assert trouble.startswith("a process could not use the GPUs through it: ") and "libcuda" in trouble
 
@@ -125,3 +127,30 @@ def test_the_controller_names_its_server_to_the_workers_it_starts(fake_control, 
         assert "(the run's own, started in " in mps.header_line(gpus.mps_control_pipe(), server.seconds)
     finally:
         server.stop()
+
+
+def _crash(server, error="Not properly terminated"):
+    """xdist's pytest_testnodedown for a worker that died (``error``) in a run with ``server``."""
+    config = SimpleNamespace(stash={plugin.PLAN: SimpleNamespace(mps_server=server)},
+                             pluginmanager=SimpleNamespace(get_plugin=lambda name: None))
+    plugin.pytest_testnodedown(SimpleNamespace(config=config), error)
+
+
+@pytest.mark.parametrize("can_leave", [True, False])
+def test_after_a_crash_the_replacement_workers_run_outside_the_server_where_the_gpus_allow(
+        fake_control, monkeypatch, can_leave):
+    server, _ = mps_server.start(["0"], can_leave=can_leave, check=_proved)
+    try:
+        monkeypatch.setenv(gpus.MPS_PIPE_ENV, str(server.pipe_directory))
+        _crash(server, error=None)  # a worker that ended normally changes nothing
+        assert gpus.mps_control_pipe() == server.pipe_directory / "control"
+        _crash(server)
+        if can_leave:  # a folder without a control pipe: the driver runs the process outside MPS
+            assert os.environ[gpus.MPS_PIPE_ENV] == str(server.directory / "outside")
+            assert gpus.mps_control_pipe() is None
+            assert not server.leave()  # once
+        else:  # exclusive-process GPUs take no process outside it: the replacements stay inside
+            assert gpus.mps_control_pipe() == server.pipe_directory / "control"
+    finally:
+        assert server.stop() is None
+    assert not server.directory.exists()

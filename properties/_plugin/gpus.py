@@ -39,7 +39,8 @@ MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, where the env variable is unset
 
 __all__ = ["Pin", "auto_worker_count", "claim_slot", "cuda_device_count", "export_gpus", "memory_turn",
-           "mps_control_pipe", "pin_this_worker", "release_slots", "share_cores", "sleep_while_waiting",
+           "mps_control_pipe", "pin_this_worker", "release_slots", "share_cores", "shared_compute_mode",
+           "sleep_while_waiting",
            "visible_gpu_ids", "workers_per_gpu"]
 
 
@@ -129,6 +130,26 @@ def sleep_while_waiting() -> bool:
         took &= driver.cuDeviceGet(ctypes.byref(device), ordinal) == 0 and set_flags(
             device, _CU_CTX_SCHED_BLOCKING_SYNC) == 0
     return took
+
+
+_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20
+_CU_COMPUTEMODE_DEFAULT = 0
+
+
+def shared_compute_mode() -> bool:
+    """Whether every visible GPU is in the default compute mode, where processes outside an MPS server may use it
+    beside one (not exclusive-process, not prohibited); False without a driver. Needs no context."""
+    found = _driver()
+    if found is None or not found[1]:
+        return False
+    driver, count = found
+    for ordinal in range(count):
+        device, mode = ctypes.c_int(0), ctypes.c_int(-1)
+        if (driver.cuDeviceGet(ctypes.byref(device), ordinal) != 0 or driver.cuDeviceGetAttribute(
+                ctypes.byref(mode), _CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, device) != 0
+                or mode.value != _CU_COMPUTEMODE_DEFAULT):
+            return False
+    return True
 
 
 def cuda_device_count() -> int:

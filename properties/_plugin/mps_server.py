@@ -13,8 +13,11 @@ default) before it starts them:
 - proven: a probe process must create a context and allocate on every GPU of the run through it
   within ``PROBE_TIMEOUT_S`` (another user's MPS server on a GPU, a compute mode that refuses it),
   or the daemon is stopped and the run goes on time-sliced, saying why;
-- stopped when the run ends, after the crash replays that MPS calls for (``mps``), which is what it
-  costs: one process's GPU fault reaches every process on its GPU.
+- left after the first crash, where the GPUs take processes outside it (the default compute mode): one
+  process's GPU fault reaches every process on its GPU, so a faulting kernel would crash all eight
+  workers each time; the workers xdist starts in place of crashed ones run time-sliced, so each later
+  crash is the crashing process's own (``leave``), and the first ones are replayed alone (``mps``);
+- stopped when the run ends, after those replays.
 
 No MPS is started where one already runs (its control pipe exists: the workers join that one), with
 ``--mps=off``, without workers sharing a GPU, on MIG instances, or without ``nvidia-cuda-mps-control``.
@@ -69,6 +72,7 @@ class Server:
     directory: Path
     control: str  # the nvidia-cuda-mps-control executable
     seconds: float  # to start it and probe it
+    can_leave: bool = False  # the GPUs take processes outside it (default compute mode)
 
     @property
     def pipe_directory(self) -> Path:
@@ -81,6 +85,17 @@ class Server:
     def environ(self) -> dict[str, str]:
         """What a process needs in its environment to join this server."""
         return {MPS_PIPE_ENV: str(self.pipe_directory), LOG_ENV: str(self.log_directory)}
+
+    def leave(self) -> bool:
+        """Make the processes this one starts from now on (xdist's replacements for crashed workers) run outside
+        the server, time-sliced: point their ``CUDA_MPS_PIPE_DIRECTORY`` at an empty folder. True where it did
+        (the GPUs take them, and this process's environment still named the server)."""
+        if not self.can_leave or os.environ.get(MPS_PIPE_ENV) != str(self.pipe_directory):
+            return False
+        outside = self.directory / "outside"
+        outside.mkdir(exist_ok=True)
+        os.environ[MPS_PIPE_ENV] = str(outside)
+        return True
 
     def stop(self) -> str | None:
         """Tell the daemon to quit (its server first waits for its clients to end) and remove its directory;
@@ -145,13 +160,14 @@ def why_not(mode: str, gpu_ids: Sequence[str], workers: int, running: Path | Non
     return None
 
 
-def start(gpu_ids: Sequence[str], *, control: str | None = None,
+def start(gpu_ids: Sequence[str], *, can_leave: bool, control: str | None = None,
           check: Callable[[dict[str, str], Sequence[str]], str | None] | None = None,
           ) -> tuple[Server | None, str | None]:
     """Start a private MPS control daemon and prove it serves ``gpu_ids``: the server, or None and why not.
 
-    ``control`` is the daemon's executable (default: ``nvidia-cuda-mps-control`` on ``PATH``); ``check`` the
-    proof (default ``probe``), a stand-in in the suite's own tests.
+    ``can_leave``: the GPUs also take processes outside it (``gpus.shared_compute_mode``); ``control`` is the
+    daemon's executable (default: ``nvidia-cuda-mps-control`` on ``PATH``); ``check`` the proof (default
+    ``probe``), a stand-in in the suite's own tests.
     """
     control = control or shutil.which(CONTROL)
     check = check or probe
@@ -166,4 +182,4 @@ def start(gpu_ids: Sequence[str], *, control: str | None = None,
         server.stop()
         shutil.rmtree(server.directory, ignore_errors=True)
         return None, trouble
-    return Server(server.directory, control, time.perf_counter() - started), None
+    return Server(server.directory, control, time.perf_counter() - started, can_leave), None

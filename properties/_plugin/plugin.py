@@ -249,7 +249,7 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
     wants none)."""
     if mps_server.why_not(mode, gpu_ids, workers, gpus.mps_control_pipe()) is not None:
         return None, None
-    server, trouble = mps_server.start(gpu_ids)
+    server, trouble = mps_server.start(gpu_ids, can_leave=gpus.shared_compute_mode())
     if server is not None:
         os.environ.update(server.environ())
     return server, trouble
@@ -309,6 +309,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_configure_node(node) -> None:
     """xdist controller: every worker runs on the device this run resolved (see ``_run_plan``)."""
     node.workerinput[WORKER_DEVICE_KEY] = node.config.stash[PLAN].device
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error: object | None) -> None:
+    """xdist controller, a worker crashed (xdist starts its replacement next): under the run's own MPS server the
+    replacements run time-sliced from now on (``mps_server.Server.leave``)."""
+    plan = node.config.stash[PLAN]
+    if error is None or plan.mps_server is None or not plan.mps_server.leave():
+        return
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("\ngqa-decode: a worker crashed under the run's MPS server, where one process's GPU "
+                            "fault reaches them all: the workers that replace crashed ones run time-sliced")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
