@@ -154,3 +154,22 @@ def test_after_a_crash_the_replacement_workers_run_outside_the_server_where_the_
     finally:
         assert server.stop() is None
     assert not server.directory.exists()
+
+
+def test_each_worker_is_told_whether_it_started_inside_a_server_and_only_its_crashes_are_replayed(
+        fake_control, monkeypatch):
+    server, _ = mps_server.start(["0"], can_leave=True, check=_proved)
+    config = SimpleNamespace(stash={plugin.PLAN: SimpleNamespace(device="cuda", mps_server=server)},
+                             pluginmanager=SimpleNamespace(get_plugin=lambda name: None))
+    try:
+        monkeypatch.setenv(gpus.MPS_PIPE_ENV, str(server.pipe_directory))
+        first, replacement = (SimpleNamespace(config=config, workerinput={}) for _ in range(2))
+        plugin.pytest_configure_node(first)
+        _crash(server)  # the first crash: the server is left
+        plugin.pytest_configure_node(replacement)
+    finally:
+        server.stop()
+    assert first.workerinput[mps.WORKER_UNDER_MPS] and not replacement.workerinput[mps.WORKER_UNDER_MPS]
+    assert mps.crashed_under_mps(SimpleNamespace(node=first))
+    assert not mps.crashed_under_mps(SimpleNamespace(node=replacement))  # its crash is its own
+    assert mps.crashed_under_mps(SimpleNamespace())  # no worker (no xdist): whatever the run was under

@@ -40,6 +40,7 @@ MAX_REPLAYS = 16  # two faults' worth at 8 workers per GPU; more crashes stay cr
 REPLAY_TIMEOUT_S = 180.0  # a fresh process: imports, a Triton compile on a cold cache, a huge pool's build
 REPLAY_BUDGET_S = 600.0  # from the first replay's start: none starts after it, none runs past it
 FILE_NAME = "mps.json"
+WORKER_UNDER_MPS = "gqa_decode_under_mps"  # xdist workerinput: whether the worker started inside an MPS server
 
 REPRODUCED = "reproduced"  # stays crashed
 DID_NOT_REPRODUCE = "did not reproduce"  # reported as an error (no verdict on the kernel), with COLLATERAL
@@ -48,7 +49,8 @@ COLLATERAL = ("crashed under MPS but the case did not fault when replayed alone:
               "process's fault on the same GPU (under MPS one process's fault reaches them all)")
 
 __all__ = ["COLLATERAL", "DID_NOT_REPRODUCE", "MAX_REPLAYS", "REPLAY_BUDGET_S", "REPLAY_TIMEOUT_S", "REPRODUCED",
-           "UNCONFIRMED", "Replay", "header_line", "load", "replay_crashes", "report_line", "save"]
+           "UNCONFIRMED", "WORKER_UNDER_MPS", "Replay", "crashed_under_mps", "header_line", "load", "replay_crashes",
+           "report_line", "save"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,13 @@ class Replay:
     def collateral(self) -> bool:
         """Whether the crash is not the kernel's: its case passed when replayed alone."""
         return self.status == DID_NOT_REPRODUCE
+
+
+def crashed_under_mps(report) -> bool:
+    """Whether the worker of a crash report (xdist's, ``report.node``) ran inside an MPS server: a crash of a worker
+    that ran outside one (time-sliced, ``mps_server.Server.leave``) is its own and needs no replay."""
+    node = getattr(report, "node", None)
+    return bool(getattr(node, "workerinput", {}).get(WORKER_UNDER_MPS, True))
 
 
 def _last_line(text: str) -> str:

@@ -307,8 +307,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    """xdist controller: every worker runs on the device this run resolved (see ``_run_plan``)."""
+    """xdist controller: every worker runs on the device this run resolved (see ``_run_plan``), and is told
+    whether it started inside an MPS server (its environment was just copied from this process's)."""
     node.workerinput[WORKER_DEVICE_KEY] = node.config.stash[PLAN].device
+    node.workerinput[mps.WORKER_UNDER_MPS] = gpus.mps_control_pipe() is not None
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -110,7 +110,7 @@ class SuiteRun:
         self.report_warm_up: threading.Thread | None = None
         self.report_writer: _InThread | None = None
         self.mps_pipe = gpus.mps_control_pipe()
-        self.crashes: dict[str, str | None] = {}  # crashes this process reports: node id -> case file, if saved
+        self.crashes: dict[str, str | None] = {}  # crashes under MPS this process reports: node id -> case file
         self.replays: list[mps.Replay] = []
         cases.add_build_observer(self.recorder.note_build)
         # What each test item builds, how far it got and where its time went.
@@ -275,7 +275,8 @@ class SuiteRun:
         for entry in saved:
             report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
                                f"replay: {casefiles.replay_command(entry['path'])}")
-        self.crashes[crashitem] = saved[0]["path"] if saved else None
+        if mps.crashed_under_mps(report):  # to be replayed alone, where the run was under MPS
+            self.crashes[crashitem] = saved[0]["path"] if saved else None
         self._report_crash(crashitem, "crashed", saved[0] if saved else None)
 
     def _report_crash(self, nodeid: str, outcome: str, saved: dict | None = None) -> None:
