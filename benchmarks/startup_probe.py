@@ -10,8 +10,11 @@ Load it as a plugin and name a log file; each process appends JSON lines {pid, r
 "configure start" is after conftest.py and the suite's plugin have been imported. The xdist controller also
 marks when it starts its workers ("spawn start", "spawn end") and when its own collection step (where the suite
 loads the implementation) ends; each line lists which of torch, triton, hypothesis and numpy were imported by
-then. ``throughput.py startup`` runs this probe and prints the phases as a table. Measures only; changes nothing
-in the run.
+then. At the end it marks each process's session end, unconfigure and ``atexit`` (registered first, so it runs
+after the other exit handlers, before the interpreter tears itself down), and in the controller each worker it
+hears finish ("worker down") and when xdist has waited for their processes to exit ("workers exited").
+``throughput.py startup`` runs this probe and prints the phases as a table. Measures only; changes nothing in the
+run.
 """
 
 from __future__ import annotations
@@ -97,6 +100,19 @@ def pytest_sessionfinish(session):
     _mark("sessionfinish end")
 
 
+@pytest.hookimpl(specname="pytest_sessionfinish")
+def pytest_sessionfinish_plain(session):
+    """Among the plain implementations, after xdist's (registered later, so called earlier), which waits for the
+    worker processes to exit; before the trylast ones (the suite's, which waits for its run report)."""
+    if _ROLE == "controller":
+        _mark("workers exited")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _mark("worker down")  # the controller has its workerfinished (the last one counts)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     _mark("unconfigure end")
@@ -108,7 +124,7 @@ def _summary(path: str, t0: float | None) -> None:
     by_role: dict[str, dict[str, float]] = {}
     for line in lines:
         events = by_role.setdefault(line["role"], {})
-        if line["event"] == "last test end" or line["event"] not in events:
+        if line["event"] in ("last test end", "worker down") or line["event"] not in events:
             events[line["event"]] = line["t"] - start
     for role, events in sorted(by_role.items(), key=lambda kv: (kv[0] != "controller", kv[0])):
         print(role.ljust(10), "  ".join(f"{event} {t:.2f}" for event, t in sorted(events.items(), key=lambda e: e[1])))

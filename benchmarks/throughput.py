@@ -6,7 +6,7 @@
     python benchmarks/throughput.py scaling [--gpus 1,2] [--workers-per-gpu auto|4,8,16] [--max-examples N]
                                             [--repeat 2] [--no-warmup] [--out DIR]
     python benchmarks/throughput.py startup [--device cpu|cuda|auto] [--workers 2|auto] [--repeat 5]
-                                            [--select EXPRESSION] [--out DIR]
+                                            [--select EXPRESSION] [--report] [--out DIR] [-- PYTEST_ARGS]
 
 ``stages`` runs default-size examples in this process and times each stage of every
 example, the suite's own stages (``properties.stages``): generation (Hypothesis drawing a
@@ -38,8 +38,10 @@ by default, side by side when an MPS daemon runs (README).
 a ``-k`` expression), and prints where the time before the first test goes: the xdist
 controller up to starting its workers (and which of torch, Triton, Hypothesis it had imported
 by then), the workers' start, import, configure and collection (the slowest worker's), and
-xdist's wait (first test less the first worker's collection); medians over the runs, seconds
-from the command's start.
+xdist's wait (first test less the first worker's collection); then where the time after the last
+test goes (the workers' session end and exit, xdist waiting for their processes, the run report
+with ``--report``, the controller's own exit); medians over the runs, seconds from the command's
+start. Arguments after ``--`` go to pytest.
 """
 
 from __future__ import annotations
@@ -305,6 +307,22 @@ STARTUP_ROWS = (
     ("first worker", "collected", "collection finish", ("controller", "spawn start")),
     ("xdist", "first test (wait: since the first worker)", "first test start", ("first worker", "collection finish")),
 )
+# The end, from the last test (the controller's) to the command's exit: the workers' session end, unconfigure and exit
+# handlers (the slowest worker's), the controller hearing the last of them finish, xdist waiting for their
+# processes to exit (their interpreters' teardown), the run report, and the controller's own unconfigure, exit
+# handlers and interpreter teardown ("exited", timed by the benchmark).
+END_ROWS = (
+    ("controller", "last test ends", "last test end", None),
+    ("workers", "session finished", "sessionfinish end", ("controller", "last test end")),
+    ("workers", "unconfigured", "unconfigure end", ("workers", "sessionfinish end")),
+    ("workers", "exit handlers reached", "exit", ("workers", "unconfigure end")),
+    ("controller", "heard the last worker finish", "worker down", ("controller", "last test end")),
+    ("controller", "worker processes gone (xdist)", "workers exited", ("controller", "worker down")),
+    ("controller", "session finished (report joined)", "sessionfinish end", ("controller", "workers exited")),
+    ("controller", "unconfigured", "unconfigure end", ("controller", "sessionfinish end")),
+    ("controller", "exit handlers reached", "exit", ("controller", "unconfigure end")),
+    ("controller", "exited", "process exit", ("controller", "exit")),
+)
 
 
 def _startup_run(options, log: Path) -> dict:
@@ -312,11 +330,13 @@ def _startup_run(options, log: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_"))}
     env.update(STARTUP_PROBE_LOG=str(log), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
     log.unlink(missing_ok=True)
+    report = str(log.parent / "reports") if options.report else "none"
     command = [sys.executable, "-m", "pytest", "-p", "benchmarks.startup_probe", *options.paths, "-n",
                str(options.workers), f"--device={options.device}", "-k", options.select, "--max-examples=1", "-q",
-               "-p", "no:cacheprovider", "--run-report=none", f"--impl={options.impl}"]
+               "-p", "no:cacheprovider", f"--run-report={report}", f"--impl={options.impl}", *options.pytest_args]
     start = time.time()
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    exited = time.time() - start
     if result.returncode != 0:
         output = result.stdout[-2000:] + result.stderr[-2000:]
         raise SystemExit(f"{' '.join(command)} exited {result.returncode}:\n{output}")
@@ -333,7 +353,10 @@ def _startup_run(options, log: Path) -> dict:
         else:  # the slowest worker, and the fastest
             run["workers"][line["event"]] = max(t, run["workers"].get(line["event"], t))
             run["first worker"][line["event"]] = min(t, run["first worker"].get(line["event"], t))
-    return {"times": run, "imported_at_spawn": imported_at_spawn, "exit_s": time.time() - start}
+        if line["event"] in ("last test end", "worker down"):  # the last one
+            run[line["role"] if line["role"] == "controller" else "workers"][line["event"]] = t
+    run["controller"]["process exit"] = exited
+    return {"times": run, "imported_at_spawn": imported_at_spawn, "exit_s": exited}
 
 
 def run_startup(options) -> dict:
@@ -345,15 +368,23 @@ def run_startup(options) -> dict:
           f"medians of {options.repeat} runs, seconds from the command's start")
     print(f"{'process':<14}{'phase':<44}{'at s':>7}{'took s':>8}")
     rows, seen = [], {}
-    for process, name, event, since in STARTUP_ROWS:
-        times = [run["times"][process].get(event) for run in runs]
-        if any(t is None for t in times):
-            continue  # without xdist, or an event this run has not got
-        origin = seen.get(since, [0.0] * len(runs))
-        seen[process, event] = times
-        rows.append({"process": process, "phase": name, "event": event, "times": times,
-                     "at_s": median(times), "took_s": median([t - o for t, o in zip(times, origin)])})
-        print(f"{process:<14}{name:<44}{rows[-1]['at_s']:>7.2f}{rows[-1]['took_s']:>8.2f}")
+    end = "the end; took s: since the same process's row above (the workers' first: since the last test)"
+    for table, title in ((STARTUP_ROWS, None), (END_ROWS, end)):
+        if title:
+            print(f"-- {title}")
+        for process, name, event, since in table:
+            times = [run["times"][process].get(event) for run in runs]
+            if any(t is None for t in times):
+                continue  # without xdist, or an event this run has not got
+            origin = seen.get(since, [0.0] * len(runs))
+            seen[process, event] = times
+            rows.append({"process": process, "phase": name, "event": event, "times": times,
+                         "at_s": median(times), "took_s": median([t - o for t, o in zip(times, origin)])})
+            print(f"{process:<14}{name:<44}{rows[-1]['at_s']:>7.2f}{rows[-1]['took_s']:>8.2f}")
+    ends = [run["times"]["controller"]["process exit"] - run["times"]["controller"]["last test end"]
+            for run in runs if "last test end" in run["times"]["controller"]]
+    if ends:
+        print(f"last test to exit: median {median(ends):.2f} s (runs: {', '.join(f'{t:.2f}' for t in ends)})")
     spawns = {tuple(run["imported_at_spawn"] or ()) for run in runs}
     print("imported by the controller when it starts the workers: "
           + "; ".join(", ".join(names) or "none of torch, triton, hypothesis, numpy" for names in spawns))
@@ -384,8 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="2", help="startup: -n (a number or auto)")
     parser.add_argument("--select", default="test_batch_zero_gives_empty_results",
                         help="startup: -k expression; a quick test, so that the runs end soon after it starts")
+    parser.add_argument("--report", action="store_true",
+                        help="startup: write the run report (under --out or a temporary folder), not --run-report=none")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="scaling: skip the warm-up run")
-    options = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    options = parser.parse_args(argv[:cut])
+    options.pytest_args = argv[cut + 1:]  # startup: more pytest arguments, after --
     options.device = options.device or ("auto" if options.mode == "startup" else "cuda")
     options.repeat = options.repeat or (5 if options.mode == "startup" else 1)
     if options.mode == "stages" and options.device == "auto":
