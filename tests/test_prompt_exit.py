@@ -1,0 +1,97 @@
+"""An xdist worker ends its process once its session is over (properties/_plugin/prompt_exit.py): its exit
+handlers and buffered output are kept, the interpreter's teardown is skipped, and only where that is safe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from properties._plugin import prompt_exit
+from tests.pytest_runs import ROOT, clean_environment, run_pytest
+
+CASES = "tests/prompt_exit_cases.py"
+
+
+def _worker(**workeroutput) -> SimpleNamespace:
+    return SimpleNamespace(workerinput={"workerid": "gw0"}, workeroutput=workeroutput)
+
+
+def test_a_worker_whose_session_is_over_may_exit(monkeypatch):
+    monkeypatch.delenv(prompt_exit.PROMPT_EXIT_ENV, raising=False)
+    assert prompt_exit.ready_to_exit(_worker(exitstatus=0))
+
+
+@pytest.mark.parametrize("config", [
+    SimpleNamespace(),  # the controller, or a run without xdist: no workerinput
+    _worker(),  # a worker that has not sent workerfinished
+], ids=["not a worker", "session not finished"])
+def test_only_a_worker_whose_session_finished_may_exit(monkeypatch, config):
+    monkeypatch.delenv(prompt_exit.PROMPT_EXIT_ENV, raising=False)
+    assert not prompt_exit.ready_to_exit(config)
+
+
+def test_turned_off_by_its_environment_variable(monkeypatch):
+    monkeypatch.setenv(prompt_exit.PROMPT_EXIT_ENV, "0")
+    assert not prompt_exit.ready_to_exit(_worker(exitstatus=0))
+
+
+def test_not_while_a_thread_that_is_not_a_daemon_runs(monkeypatch):
+    monkeypatch.delenv(prompt_exit.PROMPT_EXIT_ENV, raising=False)
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, daemon=False)
+    thread.start()
+    try:
+        assert not prompt_exit.ready_to_exit(_worker(exitstatus=0))
+    finally:
+        release.set()
+        thread.join()
+    assert prompt_exit.ready_to_exit(_worker(exitstatus=0))
+
+
+def test_exit_now_runs_the_exit_handlers_and_flushes_python_and_c_output():
+    code = ("import atexit, ctypes, sys\n"
+            "from properties._plugin import prompt_exit\n"
+            "atexit.register(print, 'handler ran')\n"
+            "sys.stdout.write('python buffered;')\n"
+            "ctypes.CDLL(None).printf(b'c buffered;')\n"
+            "prompt_exit.exit_now()\n"
+            "print('not reached')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env=clean_environment())
+    assert result.returncode == 0, result.stderr
+    assert "python buffered;" in result.stdout and "c buffered;" in result.stdout, result.stdout
+    assert "handler ran" in result.stdout and "not reached" not in result.stdout, result.stdout
+
+
+def _run(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    log = tmp_path / "exit.log"
+    result = run_pytest(CASES, "-n", "2", "--impl=tests/impls/torch_float32.py:run", "--device=cpu",
+                        "--run-report=none", env=clean_environment(PROMPT_EXIT_LOG=str(log), **env))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "3 passed" in result.stdout, output
+    for said in ("node down", "Not properly terminated", "crashed", "replacing"):
+        assert said not in output, output
+    return result, log.read_text(encoding="utf-8").splitlines()
+
+
+def test_workers_exit_promptly_with_their_exit_handlers_run(tmp_path):
+    _, lines = _run(tmp_path)
+    assert sorted(lines) == ["exit handlers gw0", "exit handlers gw1"]  # nothing finalised: no teardown
+
+
+def test_workers_exit_the_ordinary_way_when_turned_off(tmp_path):
+    _, lines = _run(tmp_path, **{prompt_exit.PROMPT_EXIT_ENV: "0"})
+    assert sorted(lines) == ["exit handlers gw0", "exit handlers gw1", "finalised gw0", "finalised gw1"]
+
+
+def test_a_worker_waits_for_its_running_thread_and_exits_the_ordinary_way(tmp_path):
+    _, lines = _run(tmp_path, PROMPT_EXIT_LATE_THREAD="1")
+    [late] = [line.split()[-1] for line in lines if line.startswith("thread done")]
+    other = "gw1" if late == "gw0" else "gw0"
+    assert f"finalised {late}" in lines and f"finalised {other}" not in lines, lines
+    assert sorted(line for line in lines if line.startswith("exit handlers")) == [
+        "exit handlers gw0", "exit handlers gw1"]
