@@ -4,7 +4,7 @@
     python benchmarks/throughput.py syncs   [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py launches [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py scaling [--gpus 1,2] [--workers-per-gpu auto|4,8,16] [--max-examples N]
-                                            [--repeat 2] [--no-warmup] [--out DIR]
+                                            [--mps auto,off] [--repeat 2] [--no-warmup] [--out DIR]
     python benchmarks/throughput.py startup [--device cpu|cuda|auto] [--workers 2|auto] [--repeat 5]
                                             [--select EXPRESSION] [--report] [--out DIR] [-- PYTEST_ARGS]
 
@@ -225,7 +225,8 @@ def run_launches(options) -> dict:
 # ---- scaling --------------------------------------------------------------------------------
 
 
-def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, workers_per_gpu: str) -> dict:
+def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, workers_per_gpu: str,
+               mps: str = "auto") -> dict:
     """One pytest run of the property suite on the first ``gpus`` GPUs; examples counted by its run report."""
     # The suite's options come from the command line only; the oracle's graph switch passes, to compare with it off.
     env = {k: v for k, v in os.environ.items()
@@ -235,7 +236,7 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
         env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
     report_dir = report_root / f"gpus{gpus}-{time.time_ns()}"
     command = [sys.executable, "-m", "pytest", *options.paths, "-n", "auto", "-q", "-p", "no:cacheprovider",
-               f"--workers-per-gpu={workers_per_gpu}",
+               f"--workers-per-gpu={workers_per_gpu}", f"--mps={mps}",
                f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
                f"--failures-dir={report_root / 'failures'}", f"--impl={options.impl}"]
     start = time.perf_counter()
@@ -250,7 +251,7 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
             "examples_per_second": examples / wall if wall else 0.0,
             "examples_per_second_per_gpu": examples / wall / gpus if wall else 0.0,
             "tests_wall_s": throughput.get("wall"), "stages_ms_per_example": throughput.get("stages_ms_per_example"),
-            "workers": sum(g.get("workers", 0) for g in run.get("gpus", {}).values())}
+            "workers": sum(g.get("workers", 0) for g in run.get("gpus", {}).values()), "mps": mps}
 
 
 def _tests_rate(run: dict) -> float:
@@ -264,18 +265,19 @@ def run_scaling(options) -> dict:
     per_gpu = options.workers_per_gpu.split(",")
     if options.warmup:  # compile the kernel into every worker's Triton cache first
         _suite_run(max(gpu_counts), options, root / "warmup", 2, per_gpu[0])
-    runs = [_suite_run(gpus, options, root, options.max_examples, workers)
-            for gpus in gpu_counts for workers in per_gpu for _ in range(options.repeat)]
+    runs = [_suite_run(gpus, options, root, options.max_examples, workers, mps)
+            for gpus in gpu_counts for workers in per_gpu for mps in options.mps.split(",")
+            for _ in range(options.repeat)]
     base = runs[0]["examples_per_second"] or 1.0
     per_property = options.max_examples if options.max_examples is not None else "the profile's"
     print(f"{options.profile} profile, {per_property} examples per property, -n auto on the first N GPUs, "
           f"--workers-per-gpu={options.workers_per_gpu}; wall is the whole pytest process, start-up included")
-    print(f"{'GPUs':>5}{'workers':>8}{'examples':>10}{'wall s':>9}{'start s':>8}{'ex/s':>9}{'per GPU':>9}{'ratio':>7}"
-          f"{'tests ex/s':>11}{'ratio':>7}  pytest")
+    print(f"{'GPUs':>5}{'workers':>8}{'mps':>5}{'examples':>10}{'wall s':>9}{'start s':>8}{'ex/s':>9}{'per GPU':>9}"
+          f"{'ratio':>7}{'tests ex/s':>11}{'ratio':>7}  pytest")
     tests_base = _tests_rate(runs[0]) or 1.0
     for run in runs:
         start_up = run["wall_s"] - run["tests_wall_s"] if run["tests_wall_s"] else float("nan")
-        print(f"{run['gpus']:>5}{run['workers']:>8}{run['examples']:>10}{run['wall_s']:>9.1f}{start_up:>8.1f}"
+        print(f"{run['gpus']:>5}{run['workers']:>8}{run['mps']:>5}{run['examples']:>10}{run['wall_s']:>9.1f}{start_up:>8.1f}"
               f"{run['examples_per_second']:>9.1f}{run['examples_per_second_per_gpu']:>9.1f}"
               f"{run['examples_per_second'] / base:>7.2f}{_tests_rate(run):>11.1f}{_tests_rate(run) / tests_base:>7.2f}"
               f"  {run['summary']}")
@@ -409,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="gpu", help="scaling: Hypothesis profile")
     parser.add_argument("--workers-per-gpu", default="auto",
                         help="scaling: pinned xdist workers per GPU, or auto; a comma-separated list compares them")
+    parser.add_argument("--mps", default="auto",
+                        help="scaling: the suite's --mps (auto: an MPS server of the run's own where workers share a "
+                             "GPU; off: time-sliced); a comma-separated list compares them")
     parser.add_argument("--repeat", type=int, default=None,
                         help="scaling: runs per GPU count (default 1; the first may be cold); startup: runs (5)")
     parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling, startup: test paths")
