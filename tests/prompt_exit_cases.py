@@ -1,11 +1,14 @@
 """Three tests run by tests/test_prompt_exit.py under xdist, in a pytest of its own (not collected here).
 
 Each worker appends to the file ``PROMPT_EXIT_LOG`` names a line "WHAT WORKER" when its exit handlers run ("exit
-handlers"), when this module's object is finalised ("finalised": the interpreter's own teardown) and, with
-``PROMPT_EXIT_LATE_THREAD=1``, when a thread that is not a daemon, started by the last test, ends ("thread done").
+handlers"), when this module's object is finalised ("finalised": the interpreter's own teardown), whether the
+garbage collector had frozen objects during the first test ("frozen True"), and, with ``PROMPT_EXIT_LATE_THREAD=1``,
+when a thread that is not a daemon, started by the last test, ends ("thread done"). With
+``PROMPT_EXIT_UNRAISABLE=1`` the second test leaves a reference cycle whose ``__del__`` raises, and collects it.
 """
 
 import atexit
+import gc
 import os
 import threading
 import time
@@ -29,12 +32,22 @@ class _Finalised:
 _FINALISED = _Finalised()
 
 
+class _RaisesWhenCollected:
+    def __init__(self) -> None:
+        self.cycle = self
+
+    def __del__(self) -> None:
+        raise RuntimeError("the cycle's __del__ raised")
+
+
 def test_one():
-    pass
+    _log(f"frozen {gc.get_freeze_count() > 0}")
 
 
 def test_two():
-    pass
+    if os.environ.get("PROMPT_EXIT_UNRAISABLE") == "1":
+        _RaisesWhenCollected()
+        gc.collect()
 
 
 def test_a_thread_still_runs_when_the_session_ends():

@@ -1,5 +1,6 @@
 """An xdist worker ends its process once its session is over (properties/_plugin/prompt_exit.py): its exit
-handlers and buffered output are kept, the interpreter's teardown is skipped, and only where that is safe."""
+handlers and buffered output are kept, the interpreter's teardown is skipped, and only where that is safe. Each
+process freezes what it holds for its tests (gc.freeze) and gives it back before an ordinary exit."""
 
 from __future__ import annotations
 
@@ -67,15 +68,19 @@ def test_exit_now_runs_the_exit_handlers_and_flushes_python_and_c_output():
     assert "handler ran" in result.stdout and "not reached" not in result.stdout, result.stdout
 
 
+OPTIONS = ("--impl=tests/impls/torch_float32.py:run", "--device=cpu", "--run-report=none")
+
+
 def _run(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     log = tmp_path / "exit.log"
-    result = run_pytest(CASES, "-n", "2", "--impl=tests/impls/torch_float32.py:run", "--device=cpu",
-                        "--run-report=none", env=clean_environment(PROMPT_EXIT_LOG=str(log), **env))
+    result = run_pytest(CASES, "-n", "2", *OPTIONS, env=clean_environment(PROMPT_EXIT_LOG=str(log), **env))
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "3 passed" in result.stdout, output
-    for said in ("node down", "Not properly terminated", "crashed", "replacing"):
+    for said in ("node down", "Not properly terminated", "crashed", "replacing", "nanobind"):
         assert said not in output, output
-    return result, log.read_text(encoding="utf-8").splitlines()
+    lines = log.read_text(encoding="utf-8").splitlines()
+    assert [line.split()[:2] for line in lines if line.startswith("frozen")] == [["frozen", "True"]], lines
+    return result, [line for line in lines if not line.startswith("frozen")]
 
 
 def test_workers_exit_promptly_with_their_exit_handlers_run(tmp_path):
@@ -86,6 +91,32 @@ def test_workers_exit_promptly_with_their_exit_handlers_run(tmp_path):
 def test_workers_exit_the_ordinary_way_when_turned_off(tmp_path):
     _, lines = _run(tmp_path, **{prompt_exit.PROMPT_EXIT_ENV: "0"})
     assert sorted(lines) == ["exit handlers gw0", "exit handlers gw1", "finalised gw0", "finalised gw1"]
+
+
+def test_what_the_tests_leave_is_still_collected_and_reported(tmp_path):
+    result, _ = _run(tmp_path, PROMPT_EXIT_UNRAISABLE="1")
+    assert "PytestUnraisableExceptionWarning" in result.stdout and "the cycle's __del__ raised" in result.stdout, \
+        result.stdout
+
+
+@pytest.mark.parametrize("frozen_before", [False, True], ids=["nothing frozen before", "frozen by the caller"])
+def test_an_in_process_run_gives_back_only_what_it_froze(tmp_path, frozen_before):
+    log = tmp_path / "exit.log"
+    code = ("import gc, sys, pytest\n"
+            f"if {frozen_before}:\n"
+            "    held = [[] for _ in range(10)]\n"
+            "    gc.freeze()\n"
+            "before = gc.get_freeze_count()\n"
+            f"status = pytest.main(['-p', 'no:cacheprovider', '-q', '-n', '0', {CASES!r}, *{OPTIONS!r}])\n"
+            "print('status', int(status), 'before', before, 'after', gc.get_freeze_count())\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=clean_environment(PROMPT_EXIT_LOG=str(log)))
+    said = result.stdout.strip().splitlines()[-1].split()
+    assert said[:2] == ["status", "0"], result.stdout + result.stderr
+    before, after = int(said[3]), int(said[5])
+    # The caller's frozen objects stay frozen (fewer: some were freed meanwhile); without any, none are left.
+    assert (before > 0) == frozen_before and (after > 0) == frozen_before, said
+    assert "frozen True main" in log.read_text(encoding="utf-8").splitlines()
 
 
 def test_a_worker_waits_for_its_running_thread_and_exits_the_ordinary_way(tmp_path):

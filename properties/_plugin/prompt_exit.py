@@ -22,12 +22,24 @@ profiler that writes a worker's trace from there may need ``GQA_DECODE_PROMPT_EX
 It does not: outside an xdist worker (the controller, a run without xdist, a pytest started inside a test); in a
 worker whose session did not finish (no ``workerfinished`` sent) or whose ``pytest_cmdline_main`` raised; while a
 thread that is not a daemon still runs (the interpreter would wait for it); or with ``GQA_DECODE_PROMPT_EXIT=0``.
+
+Every process of the run (controller, workers, a run without xdist) also moves the objects it holds when its test
+loop starts (torch, Triton, Hypothesis and the collected suite: some 200,000) into the garbage collector's permanent
+generation (``gc.freeze``), unless something else froze objects first. pytest's unraisable-exception plugin runs a
+full collection twice at the end of every session (0.12 s each with torch loaded, on the 2-core host), and the
+interpreter one now and then during the tests (a single process: 4 during 8 s of tests, 0.3 s); frozen, they skip
+what was there before the first test, and still collect what the tests left (so pytest still reports an exception
+raised in a ``__del__`` of theirs). Before an ordinary exit the objects are unfrozen: the interpreter's teardown
+then frees them as before (frozen, Triton's bindings would report them as leaked). Measured with the prompt exit
+(``throughput.py startup``, medians of 5): last test to exit 1.23 -> 0.81 s, of which 0.76 s is now the
+controller's own interpreter teardown (the whole suite with its run report: 2.94 -> 2.74 s, 1.6 s of it the report).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -63,10 +75,33 @@ def exit_now() -> None:
     os._exit(0)
 
 
+FROZE = pytest.StashKey[bool]()  # this session moved the process's objects to the permanent generation
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """The test loop starts: freeze what the process holds (see the module's docstring), unless already frozen."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        session.config.stash[FROZE] = True
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config):
-    """Outermost around the worker's whole session: once it returns, the worker may end (``ready_to_exit``)."""
-    status = yield
+    """Outermost around the whole session: once it returns, an xdist worker may end (``ready_to_exit``); any other
+    process gets back the objects this session froze."""
+    try:
+        status = yield
+    except BaseException:
+        _unfreeze(config)
+        raise
     if ready_to_exit(config):
         exit_now()
+    _unfreeze(config)
     return status
+
+
+def _unfreeze(config: pytest.Config) -> None:
+    if config.stash.get(FROZE, False):
+        gc.unfreeze()
+        config.stash[FROZE] = False
