@@ -71,6 +71,17 @@ def test_exit_now_runs_the_exit_handlers_and_flushes_python_and_c_output():
 OPTIONS = ("--impl=tests/impls/torch_float32.py:run", "--device=cpu", "--run-report=none")
 
 
+def test_exit_now_waits_for_the_gpu_first():
+    code = ("import sys, types\n"
+            "from properties._plugin import prompt_exit\n"
+            "cuda = types.SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: print('synchronized'))\n"
+            "sys.modules['torch'] = types.SimpleNamespace(cuda=cuda)\n"
+            "prompt_exit.exit_now()\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env=clean_environment())
+    assert result.returncode == 0 and result.stdout == "synchronized\n", result.stdout + result.stderr
+
+
 def _run(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     log = tmp_path / "exit.log"
     result = run_pytest(CASES, "-n", "2", *OPTIONS, env=clean_environment(PROMPT_EXIT_LOG=str(log), **env))

@@ -13,11 +13,12 @@ everything xdist reports, has been written to the controller), its plugins are u
 have run: nothing of the run is left to do.
 
 So, in that state, the worker does what the interpreter's own exit would still do that matters, and ends there:
-it runs the exit handlers (``atexit``: ``logging.shutdown``, ``weakref.finalize(..., atexit=True)`` such as
-``tempfile.TemporaryDirectory``, coverage's save), flushes Python's and C's standard streams, and calls
-``os._exit(0)``. What it skips: the finalisation of objects still alive (``__del__`` methods; a file a plugin left
-open and unflushed would lose its buffer) and native libraries' exit code (C ``atexit``, C++ static destructors: a
-profiler that writes a worker's trace from there may need ``GQA_DECODE_PROMPT_EXIT=0``).
+it waits for its GPU work (if it has a CUDA context), runs the exit handlers (``atexit``: ``logging.shutdown``,
+``weakref.finalize(..., atexit=True)`` such as ``tempfile.TemporaryDirectory``, coverage's save), flushes Python's
+and C's standard streams, and calls ``os._exit(0)``. What it skips: the finalisation of objects still alive
+(``__del__`` methods; a file a plugin left open and unflushed would lose its buffer) and native libraries' exit code
+(C ``atexit``, C++ static destructors, the CUDA context's destruction: a profiler that writes a worker's trace from
+there may need ``GQA_DECODE_PROMPT_EXIT=0``).
 
 It does not: outside an xdist worker (the controller, a run without xdist, a pytest started inside a test); in a
 worker whose session did not finish (no ``workerfinished`` sent) or whose ``pytest_cmdline_main`` raised; while a
@@ -63,7 +64,15 @@ def ready_to_exit(config: pytest.Config) -> bool:
 
 
 def exit_now() -> None:
-    """Run the exit handlers, flush the standard streams and end the process (status 0, as a worker's own)."""
+    """Wait for the GPU, run the exit handlers, flush the standard streams and end the process (status 0, as a
+    worker's own)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        # NVIDIA's MPS guide: a client that ends without synchronising with all its outstanding GPU work can
+        # leave the server and its other clients in an undefined state. Its context is not destroyed either
+        # way here (the driver reclaims it with the process), as when a process is killed.
+        with contextlib.suppress(Exception):  # a lost context: nothing left to wait for
+            torch.cuda.synchronize()
     atexit._run_exitfuncs()  # prints a handler's exception and goes on, as the interpreter's exit does
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
