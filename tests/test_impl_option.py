@@ -152,3 +152,10 @@ def test_the_controller_chooses_the_device_without_torch_and_torch_confirms_it(m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(DeviceError, match="the CUDA driver reports none but torch sees a CUDA device"):
         confirm_device("auto", "cpu")
+
+
+def test_the_suite_runs_with_xdist_not_loaded():
+    """``-p no:xdist`` drops xdist's options, which xdist's own role helpers read."""
+    result = run_pytest("-p", "no:xdist", "properties/test_edge_shapes.py", "-k", "batch_zero", "--run-report=none")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "passed" in result.stdout.splitlines()[-1]

@@ -55,6 +55,10 @@ from .target import (  # noqa: E402
     resolve_device,
 )
 
+# Loaded with this plugin however it is loaded (conftest.py, or an installed copy's pytest11 entry point): an xdist
+# worker's prompt end of process and every process's frozen garbage-collector generation (``prompt_exit``).
+pytest_plugins = [__name__.rpartition(".")[0] + ".prompt_exit"]
+
 if TYPE_CHECKING:
     import torch
 
@@ -195,17 +199,23 @@ def _tier(option: str, spec: str) -> str:
     return "strict" if spec == DEFAULT_IMPL else "correct"
 
 
+def _is_controller(config: pytest.Config) -> bool:
+    """Whether this process is an xdist controller; False where xdist is not loaded (``-p no:xdist``), whose
+    helper would ask for an option that then does not exist."""
+    return hasattr(config.option, "dist") and is_xdist_controller(_xdist_role(config))
+
+
 def _starts_workers(config: pytest.Config) -> bool:
     """Whether this process is an xdist controller about to start workers (with --collect-only xdist starts none
     and the controller collects itself)."""
-    return is_xdist_controller(_xdist_role(config)) and not config.option.collectonly
+    return _is_controller(config) and not config.option.collectonly
 
 
 def _run_plan(config: pytest.Config) -> RunPlan:
     option = config.option
     role = _xdist_role(config)
     worker = get_xdist_worker_id(role) if is_xdist_worker(role) else None
-    controller = is_xdist_controller(role)
+    controller = _is_controller(config)
     # An xdist worker takes the device its controller resolved --device to (``_run_state`` has torch confirm it).
     # Resolving ``auto`` itself, it would go to the CPU interpreter, silently, whenever CUDA failed to start in it
     # (under MPS a GPU whose faulted processes are still exiting refuses new ones): it must fail instead.
