@@ -113,10 +113,14 @@ def test_what_the_tests_leave_is_still_collected_and_reported(tmp_path):
 @pytest.mark.parametrize("frozen_before", [False, True], ids=["nothing frozen before", "frozen by the caller"])
 def test_an_in_process_run_gives_back_only_what_it_froze(tmp_path, frozen_before):
     log = tmp_path / "exit.log"
+    # An interpreter may start with objects frozen (one GPU image's froze 375 before any test): unfreeze them
+    # first where the case wants nothing frozen.
     code = ("import gc, sys, pytest\n"
             f"if {frozen_before}:\n"
             "    held = [[] for _ in range(10)]\n"
             "    gc.freeze()\n"
+            "else:\n"
+            "    gc.unfreeze()\n"
             "before = gc.get_freeze_count()\n"
             f"status = pytest.main(['-p', 'no:cacheprovider', '-q', '-n', '0', {CASES!r}, *{OPTIONS!r}])\n"
             "print('status', int(status), 'before', before, 'after', gc.get_freeze_count())\n")

@@ -596,6 +596,18 @@ _COVERAGE_ROW = 3.2  # height of one row of coverage panels
 _LABEL_ROTATION = 30  # the coverage panels' x tick labels, in degrees
 
 
+def _fitting_size(renderer, text: str, size: float, room: float) -> float:
+    """The largest font size up to ``size`` at which ``text`` fits ``room`` inches. Measured again after each
+    shrink: at small sizes glyphs are not proportionally narrower (hinting), so one proportional step can
+    overshoot."""
+    for _ in range(5):
+        wide = _text_size(renderer, [text], size)[0]
+        if wide <= room:
+            break
+        size *= 0.98 * room / wide
+    return size
+
+
 def _text_size(renderer, texts, size: float) -> tuple[float, float]:
     """The widest width and the tallest height among ``texts`` at font size ``size``, in inches."""
     from matplotlib.font_manager import FontProperties
@@ -667,8 +679,8 @@ def _summary_png(merged: dict[str, dict], path: Path, run_id: str, note: str | N
                     f"{sum(e['examples'] for e in merged.values())} examples)", fontsize=14, fontweight="bold",
                     color="tab:green" if line.startswith("PASSED") else "tab:red", y=1 - 0.15 / height)
     if note:  # one line, its font shrunk to the figure's width where it is long (a long pipe path)
-        size = min(10.0, 10.0 * (width - 2 * _EDGE) / _text_size(renderer, [note], 10.0)[0])
-        figure.text(0.5, 1 - (_SUPTITLE_BAND - 0.05) / height, note, ha="center", va="top", fontsize=size)
+        figure.text(0.5, 1 - (_SUPTITLE_BAND - 0.05) / height, note, ha="center", va="top",
+                    fontsize=_fitting_size(renderer, note, 10.0, width - 2 * _EDGE))
     figure.savefig(path, dpi=80)
     plt.close(figure)
 
