@@ -53,6 +53,12 @@ def test_not_while_a_thread_that_is_not_a_daemon_runs(monkeypatch):
     assert prompt_exit.ready_to_exit(_worker(exitstatus=0))
 
 
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """``python -c CODE`` from the repository root, in a clean environment plus ``env``."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=clean_environment(**env))
+
+
 def test_exit_now_runs_the_exit_handlers_and_flushes_python_and_c_output():
     code = ("import atexit, ctypes, sys\n"
             "from properties._plugin import prompt_exit\n"
@@ -61,8 +67,7 @@ def test_exit_now_runs_the_exit_handlers_and_flushes_python_and_c_output():
             "ctypes.CDLL(None).printf(b'c buffered;')\n"
             "prompt_exit.exit_now()\n"
             "print('not reached')\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env=clean_environment())
+    result = _python(code)
     assert result.returncode == 0, result.stderr
     assert "python buffered;" in result.stdout and "c buffered;" in result.stdout, result.stdout
     assert "handler ran" in result.stdout and "not reached" not in result.stdout, result.stdout
@@ -77,8 +82,7 @@ def test_exit_now_waits_for_the_gpu_first():
             "cuda = types.SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: print('synchronized'))\n"
             "sys.modules['torch'] = types.SimpleNamespace(cuda=cuda)\n"
             "prompt_exit.exit_now()\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env=clean_environment())
+    result = _python(code)
     assert result.returncode == 0 and result.stdout == "synchronized\n", result.stdout + result.stderr
 
 
@@ -124,8 +128,7 @@ def test_an_in_process_run_gives_back_only_what_it_froze(tmp_path, frozen_before
             "before = gc.get_freeze_count()\n"
             f"status = pytest.main(['-p', 'no:cacheprovider', '-q', '-n', '0', {CASES!r}, *{OPTIONS!r}])\n"
             "print('status', int(status), 'before', before, 'after', gc.get_freeze_count())\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env=clean_environment(PROMPT_EXIT_LOG=str(log)))
+    result = _python(code, PROMPT_EXIT_LOG=str(log))
     said = result.stdout.strip().splitlines()[-1].split()
     assert said[:2] == ["status", "0"], result.stdout + result.stderr
     before, after = int(said[3]), int(said[5])
