@@ -8,6 +8,9 @@ a child holding its output open. On a GPU host the real one is exercised by the 
 
 import os
 import stat
+import subprocess
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +26,7 @@ if [ "$1" = "-d" ]; then
     exit 0
 fi
 read command
+[ -n "$FAKE_MPS_QUIT_FAILS" ] && { echo "the server did not stop" >&2; exit 1; }
 [ "$command" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
 """
 
@@ -39,6 +43,9 @@ def fake_control(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_MPS_LOG", str(log))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    temporary = tmp_path / "tmp"  # where the servers' folders go, and where start() sweeps
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     return log
 
 
@@ -173,3 +180,41 @@ def test_each_worker_is_told_whether_it_started_inside_a_server_and_only_its_cra
     assert mps.crashed_under_mps(SimpleNamespace(node=first))
     assert not mps.crashed_under_mps(SimpleNamespace(node=replacement))  # its crash is its own
     assert mps.crashed_under_mps(SimpleNamespace())  # no worker (no xdist): whatever the run was under
+
+
+def _left_over(name: str, owner: int | None, pipe: bool = True):
+    """A server folder as a run leaves it, in the temporary directory; ``owner`` None: no owner file."""
+    left = mps_server.Server(Path(tempfile.gettempdir()) / (mps_server.PREFIX + name), mps_server.CONTROL, 0.0)
+    left.pipe_directory.mkdir(parents=True)
+    if pipe:
+        (left.pipe_directory / "control").touch()
+    if owner is not None:
+        (left.directory / mps_server.OWNER).write_text(str(owner))
+    return left.directory
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_a_start_quits_and_removes_the_servers_of_runs_that_are_gone(fake_control, monkeypatch):
+    gone, no_pipe = _left_over("gone", _dead_pid()), _left_over("no-pipe", _dead_pid(), pipe=False)
+    running, starting = _left_over("running", os.getpid()), _left_over("starting", None)
+    server, _ = mps_server.start(["0"], can_leave=True, check=_proved)
+    server.stop()
+    assert not gone.exists() and not no_pipe.exists()
+    assert running.exists() and starting.exists()  # a live run's, and one without an owner yet
+    said = fake_control.read_text().splitlines()
+    assert said[0].startswith(" CVD=unset")  # the left-over one quit (its pipe was there) before the start
+    assert said[1].startswith("-d ")
+
+
+def test_a_left_over_server_that_will_not_quit_is_left_alone(fake_control, monkeypatch):
+    stuck = _left_over("stuck", _dead_pid())
+    monkeypatch.setenv("FAKE_MPS_QUIT_FAILS", "1")
+    assert mps_server.sweep(mps_server.CONTROL) == []
+    assert stuck.exists()
+    monkeypatch.delenv("FAKE_MPS_QUIT_FAILS")
+    assert mps_server.sweep(mps_server.CONTROL) == [stuck]

@@ -17,7 +17,9 @@ default) before it starts them:
   process's GPU fault reaches every process on its GPU, so a faulting kernel would crash all eight
   workers each time; the workers xdist starts in place of crashed ones run time-sliced, so each later
   crash is the crashing process's own (``leave``), and the first ones are replayed alone (``mps``);
-- stopped when the run ends, after those replays.
+- stopped when the run ends, after those replays; a run killed before it could stop its server
+  (SIGTERM from a CI job's time limit, SIGKILL) leaves it running, so each start first quits and
+  removes the servers whose runs are gone (``sweep``: an ``owner`` file names the run's process).
 
 No MPS is started where one already runs (its control pipe exists: the workers join that one), with
 ``--mps=off``, without workers sharing a GPU, on MIG instances, or without ``nvidia-cuda-mps-control``.
@@ -38,10 +40,13 @@ from pathlib import Path
 from .gpus import MPS_PIPE_ENV
 
 CONTROL = "nvidia-cuda-mps-control"
+PREFIX = "gqa-decode-mps-"  # the temporary folder of each run's server
+OWNER = "owner"  # in that folder: the process id of the run that started it
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 MODES = ("auto", "off")
 PROBE_TIMEOUT_S = 30.0  # the first client of a daemon starts its server
 QUIT_TIMEOUT_S = 30.0  # the server waits for its clients to end; the run's have
+SWEEP_TIMEOUT_S = 5.0  # a left-over server's clients died with their run
 
 # Runs in a process of its own (ctypes on the driver: no torch) with the run's GPUs visible: a context
 # and an allocation on each, through the server. Exit status 0 when every step worked.
@@ -62,7 +67,7 @@ for ordinal in range(count.value):
     step("cuMemFree", cuda.cuMemFree_v2(memory))
 """
 
-__all__ = ["CONTROL", "LOG_ENV", "MODES", "Server", "probe", "start", "why_not"]
+__all__ = ["CONTROL", "LOG_ENV", "MODES", "Server", "probe", "start", "sweep", "why_not"]
 
 
 @dataclass(frozen=True)
@@ -97,13 +102,42 @@ class Server:
         os.environ[MPS_PIPE_ENV] = str(outside)
         return True
 
-    def stop(self) -> str | None:
+    def stop(self, timeout: float = QUIT_TIMEOUT_S) -> str | None:
         """Tell the daemon to quit (its server first waits for its clients to end) and remove its directory;
         None, or why it did not quit (its directory is then left for a look)."""
-        trouble = _control(self.control, self.environ(), "quit", QUIT_TIMEOUT_S)
+        trouble = _control(self.control, self.environ(), "quit", timeout)
         if trouble is None:
             shutil.rmtree(self.directory, ignore_errors=True)
         return trouble
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep(control: str, root: Path | None = None) -> list[Path]:
+    """Quit and remove the servers left by runs that are gone (their ``owner`` process no longer exists), in
+    ``root`` (the temporary directory by default); the folders removed. A folder without an owner file (a run
+    still starting, or not ours) or whose daemon does not quit is left alone."""
+    removed = []
+    for directory in Path(root or tempfile.gettempdir()).glob(PREFIX + "*"):
+        try:
+            owner = int((directory / OWNER).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if _alive(owner):
+            continue
+        left = Server(directory, control, 0.0)
+        if not (left.pipe_directory / "control").exists() or left.stop(SWEEP_TIMEOUT_S) is None:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
 
 
 def _daemon_environ(server_environ: dict[str, str]) -> dict[str, str]:
@@ -174,9 +208,11 @@ def start(gpu_ids: Sequence[str], *, can_leave: bool, control: str | None = None
     if control is None:
         return None, f"{CONTROL} is not on PATH"
     started = time.perf_counter()
-    server = Server(Path(tempfile.mkdtemp(prefix="gqa-decode-mps-")), control, 0.0)
+    sweep(control)
+    server = Server(Path(tempfile.mkdtemp(prefix=PREFIX)), control, 0.0)
     server.pipe_directory.mkdir()
     server.log_directory.mkdir()
+    (server.directory / OWNER).write_text(str(os.getpid()), encoding="utf-8")
     trouble = _control(control, server.environ(), None, PROBE_TIMEOUT_S) or check(server.environ(), gpu_ids)
     if trouble is not None:
         server.stop()
