@@ -9,8 +9,9 @@ with ``CUDA_VISIBLE_DEVICES``. All workers share the one Triton cache (``TRITON_
 Triton's default): Triton writes each entry atomically, so a kernel specialisation that any
 worker of any earlier run compiled is loaded, not compiled again in every worker.
 
-Whether the run's CUDA processes join an MPS server (``mps_control_pipe``) is decided here too:
-under MPS one process's GPU fault reaches every process on that GPU (see ``properties/_plugin/mps.py``).
+Whether the run's CUDA processes join an MPS server is told here too (``mps_control_pipe``; the run's own
+server is started by ``mps_server``): under MPS one process's GPU fault reaches every process on that GPU
+(see ``properties/_plugin/mps.py``).
 
 Nothing here imports torch at module level: it runs before the worker is pinned. The controller counts the GPUs
 without torch too (``cuda_device_count``: the CUDA driver's own count), so that it can start its workers before
@@ -40,8 +41,7 @@ DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, whe
 
 __all__ = ["Pin", "auto_worker_count", "claim_slot", "cuda_device_count", "export_gpus", "memory_turn",
            "mps_control_pipe", "pin_this_worker", "release_slots", "share_cores", "shared_compute_mode",
-           "sleep_while_waiting",
-           "visible_gpu_ids", "workers_per_gpu"]
+           "sleep_while_waiting", "visible_gpu_ids", "workers_per_gpu"]
 
 
 @dataclass(frozen=True)

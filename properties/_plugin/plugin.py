@@ -9,8 +9,9 @@ stage owned by one module:
   oracle, bound and comparison (``reference``) -> verdict (``SuiteRun.pytest_runtest_makereport``)
   -> case file (``casefiles``) -> run report (``run_report``) -> replay (``properties.repro``).
 
-Under MPS (``gpus.mps_control_pipe``) a crash is believed only once its case file, replayed alone
-at the end of the run, faults again (``mps``).
+An xdist controller whose workers share a GPU starts an MPS server of the run's own for them
+(``mps_server``, ``--mps``). Under MPS (``gpus.mps_control_pipe``) a crash is believed only once its
+case file, replayed alone at the end of the run, faults again (``mps``).
 
 Importing this module imports neither torch nor Triton nor the implementation, so that an xdist
 controller starts its workers first: it plans the run (``RunPlan``: the device from the CUDA
