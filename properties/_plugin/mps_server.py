@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .gpus import MPS_PIPE_ENV
@@ -116,8 +116,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:  # another user's process: alive
+        pass
     return True
 
 
@@ -218,4 +218,4 @@ def start(gpu_ids: Sequence[str], *, can_leave: bool, control: str | None = None
         server.stop()
         shutil.rmtree(server.directory, ignore_errors=True)
         return None, trouble
-    return Server(server.directory, control, time.perf_counter() - started, can_leave), None
+    return replace(server, seconds=time.perf_counter() - started, can_leave=can_leave), None
