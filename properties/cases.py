@@ -10,11 +10,12 @@ exact steps, so a case that faulted on a GPU rebuilds on the CPU with the same i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import struct
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,10 +24,9 @@ import torch
 from . import sibling
 from .stages import stage
 
-_contract = sibling("reference")
+definitions = sibling("reference.definitions")
+Definition = definitions.Definition
 to_device = sibling("reference.transfer").to_device
-DEFAULT_SM_SCALE, HEAD_DIM = _contract.DEFAULT_SM_SCALE, _contract.HEAD_DIM
-NUM_KV_HEADS, NUM_QO_HEADS = _contract.NUM_KV_HEADS, _contract.NUM_QO_HEADS
 
 # "pool_end" puts every page in the top slots of the pool: with a huge pool, page ids pass 2**22.
 PAGE_LAYOUTS = ("shuffled", "contiguous", "shared_prefix", "pool_end")
@@ -53,6 +53,11 @@ class DecodeCase:
     q_layout: how q sits in memory (``Q_LAYOUTS``), e.g. a slice of a fused QKV tensor.
     kv_layout: how the K and V pools sit in memory (``KV_LAYOUTS``), e.g. one combined buffer.
     index_layout: dtype and contiguity of kv_indptr and kv_indices (``INDEX_LAYOUTS``).
+    definition: the name of the contract's definition (``reference.definitions``); None: the active one
+        (``active_definition``), as in explicit examples written for any definition.
+
+    ``lengths`` count tokens; with pages of several tokens a sequence of n tokens owns ceil(n / page_size)
+    pages and its last page holds the rest (``kv_last_page_len``), its unused slots junk.
     """
 
     lengths: tuple[int, ...]
@@ -65,10 +70,16 @@ class DecodeCase:
     q_layout: str = "contiguous"
     kv_layout: str = "separate"
     index_layout: str = "int32"
+    definition: str | None = None
 
     @property
     def batch(self) -> int:
         return len(self.lengths)
+
+    @property
+    def shape(self) -> Definition:
+        """The definition this case is built for."""
+        return active_definition() if self.definition is None else definitions.by_name(self.definition)
 
     def choices(self) -> dict[str, str]:
         """The drawn choices by name, as the run report counts them (coverage)."""
@@ -77,7 +88,9 @@ class DecodeCase:
 
 
 class DecodeInputs(NamedTuple):
-    """The arguments of ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)``."""
+    """A call's arguments in the suite's one order, whatever the definition: ``kv_last_page_len`` last, None where
+    pages hold one token. The plugin hands them to the implementation in its definition's order
+    (``Definition.arguments``)."""
 
     q: torch.Tensor
     k_cache: torch.Tensor
@@ -85,6 +98,44 @@ class DecodeInputs(NamedTuple):
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
     sm_scale: float | None
+    kv_last_page_len: torch.Tensor | None = None
+
+    def arguments(self) -> tuple:
+        """The call in the implementation's order (``Definition.arguments``): ``kv_last_page_len`` before
+        ``sm_scale`` where pages hold several tokens, absent where they hold one."""
+        if self.kv_last_page_len is None:
+            return tuple(self[:6])
+        return (*self[:5], self.kv_last_page_len, self.sm_scale)
+
+
+# ---- the active definition ------------------------------------------------------------------
+
+_active = [definitions.SEED]
+
+
+def active_definition() -> Definition:
+    """The definition cases are drawn and built for now: the seed's unless ``using_definition`` says otherwise."""
+    return _active[-1]
+
+
+@contextlib.contextmanager
+def using_definition(definition: Definition) -> Iterator[Definition]:
+    """Draw and build cases for ``definition`` inside the block (the plugin wraps each test item in one)."""
+    _active.append(definition)
+    try:
+        yield definition
+    finally:
+        _active.pop()
+
+
+def page_counts(lengths: tuple[int, ...], page_size: int) -> list[int]:
+    """Pages each sequence owns: ceil(tokens / page_size)."""
+    return [-(-n // page_size) for n in lengths]
+
+
+def last_page_lengths(lengths: tuple[int, ...], page_size: int) -> list[int]:
+    """Tokens in each sequence's last page: 1 .. page_size, 0 for an empty sequence."""
+    return [n - (-(-n // page_size) - 1) * page_size if n else 0 for n in lengths]
 
 
 # ---- page ids -------------------------------------------------------------------------------
@@ -98,8 +149,8 @@ def _shared_prefix_tokens(lengths: tuple[int, ...], gen: torch.Generator) -> int
 
 
 def page_ids(case: DecodeCase, gen: torch.Generator) -> tuple[torch.Tensor, int]:
-    """kv_indices (int64, CPU) for the case's layout, and the pool size."""
-    lengths = case.lengths
+    """kv_indices (int64, CPU) for the case's layout, and the pool size (in pages)."""
+    lengths = tuple(page_counts(case.lengths, case.shape.page_size))
     if case.page_layout == "shared_prefix":
         prefix = _shared_prefix_tokens(lengths, gen)
         distinct = prefix + sum(n - prefix for n in lengths if n > 0)
@@ -243,8 +294,8 @@ class _Stream:
     how a draw is cut into passes (the CPU works in cache-sized chunks, a GPU in one pass).
     """
 
-    def __init__(self, key: int, device: torch.device) -> None:
-        self.key, self.device, self.used = key, device, 0
+    def __init__(self, key: int, device: torch.device, definition: Definition) -> None:
+        self.key, self.device, self.definition, self.used = key, device, definition, 0
 
     def _take(self, count: int) -> int:
         start, self.used = self.used, self.used + count
@@ -288,11 +339,12 @@ class _Stream:
         return low + (high - low) * (_mix_int((self.key + self._take(1)) & _MASK32) / 2**32)
 
     def directions(self, rows: int) -> list[list[float]]:
-        """``rows`` random unit vectors of HEAD_DIM host floats (exactly rounded sums: the same on every host)."""
-        count = rows * HEAD_DIM
+        """``rows`` random unit vectors of head-dim host floats (exactly rounded sums: the same on every host)."""
+        dim = self.definition.head_dim
+        count = rows * dim
         start = self._take(2 * count)
         flat = [x / _FOUR_FIELDS_STD for x in _four_fields(self.key, start, count, torch.device("cpu")).tolist()]
-        vectors = [flat[r * HEAD_DIM:(r + 1) * HEAD_DIM] for r in range(rows)]
+        vectors = [flat[r * dim:(r + 1) * dim] for r in range(rows)]
         norms = [math.sqrt(math.fsum(y * y for y in v)) for v in vectors]
         return [[x / norm for x in v] for v, norm in zip(vectors, norms)]
 
@@ -305,7 +357,9 @@ Regime = Callable[[_Stream, int, int], tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 def _regime_normal(draw, batch, rows):
-    return draw.normals((batch, NUM_QO_HEADS, HEAD_DIM), (rows, NUM_KV_HEADS, HEAD_DIM), (rows, NUM_KV_HEADS, HEAD_DIM))
+    d = draw.definition
+    query, kv = (batch, d.num_qo_heads, d.head_dim), (rows, d.num_kv_heads, d.head_dim)
+    return draw.normals(query, kv, kv)
 
 
 def _regime_wide(draw, batch, rows):
@@ -339,7 +393,9 @@ def _regime_peaky(draw, batch, rows):
 
 def _regime_constant_keys(draw, batch, rows):
     """All keys equal: exact ties, uniform weights."""
-    q, v, k = draw.normals((batch, NUM_QO_HEADS, HEAD_DIM), (rows, NUM_KV_HEADS, HEAD_DIM), (1, NUM_KV_HEADS, HEAD_DIM))
+    d = draw.definition
+    q, v, k = draw.normals((batch, d.num_qo_heads, d.head_dim), (rows, d.num_kv_heads, d.head_dim),
+                           (1, d.num_kv_heads, d.head_dim))
     return q, k.expand(rows, -1, -1), v
 
 
@@ -383,20 +439,21 @@ DEFAULT_REGIMES = tuple(VALUE_REGIMES)
 def _along(draw: _Stream, direction: list[list[float]], norm: float, noise: torch.Tensor) -> torch.Tensor:
     """``norm`` times each row's KV-head direction, plus ``noise`` [n, heads, 128] (query or KV heads)."""
     heads = noise.shape[1]
-    return draw.constant(direction, norm).repeat_interleave(heads // NUM_KV_HEADS, dim=0) + noise
+    return draw.constant(direction, norm).repeat_interleave(heads // draw.definition.num_kv_heads, dim=0) + noise
 
 
 def _regime_huge_logits(draw, batch, rows):
     """Logits of magnitude 1e4 .. 1e6 at the default scale, either sign: one-hot softmax."""
-    direction, norm = draw.directions(NUM_KV_HEADS), 10.0 ** draw.uniform(2.5, 3.5)
-    sign = torch.where(draw.below(0.5, rows, NUM_KV_HEADS, 1), -1.0, 1.0)
+    kv_heads = draw.definition.num_kv_heads
+    direction, norm = draw.directions(kv_heads), 10.0 ** draw.uniform(2.5, 3.5)
+    sign = torch.where(draw.below(0.5, rows, kv_heads, 1), -1.0, 1.0)
     q_noise, k_noise, v = _regime_normal(draw, batch, rows)
     return _along(draw, direction, norm, q_noise), sign * _along(draw, direction, norm, k_noise), v
 
 
 def _regime_beyond_sentinel(draw, batch, rows):
     """Every logit about -1e4 .. -1e6 at the default scale: below the -5e4 mask sentinel kernels have used."""
-    direction = draw.directions(NUM_KV_HEADS)
+    direction = draw.directions(draw.definition.num_kv_heads)
     q_norm, k_norm = -draw.uniform(300.0, 3000.0), draw.uniform(300.0, 3000.0)
     q_noise, k_noise, v = _regime_normal(draw, batch, rows)
     return _along(draw, direction, q_norm, q_noise), _along(draw, direction, k_norm, k_noise), v
@@ -404,10 +461,10 @@ def _regime_beyond_sentinel(draw, batch, rows):
 
 def _regime_dominant_token(draw, batch, rows):
     """About one key per sequence lies along its queries, 10 .. 1e4 logits (default scale) above the rest."""
-    direction = draw.directions(NUM_KV_HEADS)
+    direction = draw.directions(draw.definition.num_kv_heads)
     q_noise, k, v = _regime_normal(draw, batch, rows)
     loud = draw.below(batch / max(rows, 1), rows, 1, 1)
-    gap = 10.0 ** draw.uniform(1.0, 4.0) / (10.0 * DEFAULT_SM_SCALE)
+    gap = 10.0 ** draw.uniform(1.0, 4.0) / (10.0 * draw.definition.default_sm_scale)
     return _along(draw, direction, 10.0, q_noise), torch.where(loud, draw.constant(direction, gap), k), v
 
 
@@ -415,7 +472,8 @@ def _regime_exact_ties(draw, batch, rows):
     """A third of the keys are one loud key, bit for bit: tied top logits, output the mean of their V."""
     q, k, v = _regime_normal(draw, batch, rows)
     tied = draw.below(1.0 / 3.0, rows, 1, 1)
-    return q, torch.where(tied, 4.0 * draw.normal(1, NUM_KV_HEADS, HEAD_DIM), k), v
+    loud = 4.0 * draw.normal(1, draw.definition.num_kv_heads, draw.definition.head_dim)
+    return q, torch.where(tied, loud, k), v
 
 
 VALUE_REGIMES.update({
@@ -432,49 +490,51 @@ HOSTILE_REGIMES = tuple(name for name in VALUE_REGIMES if name not in ("normal",
 PoolViews = tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]  # K view, V view, storages
 
 
-def _kv_pool(layout: str, size: int, device: torch.device) -> PoolViews:
-    """Uninitialised K and V pools [size, 1, 4, 128] laid out as ``layout``, and the storages behind them."""
+def _kv_pool(layout: str, size: int, device: torch.device, definition: Definition) -> PoolViews:
+    """Uninitialised K and V pools [size, page size, KV heads, head dim] laid out as ``layout``, and the storages
+    behind them."""
+    page, heads, dim = definition.page_size, definition.num_kv_heads, definition.head_dim
     empty = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device=device)  # noqa: E731
     if layout == "separate":
-        k, v = empty(size, 1, NUM_KV_HEADS, HEAD_DIM), empty(size, 1, NUM_KV_HEADS, HEAD_DIM)
+        k, v = empty(size, page, heads, dim), empty(size, page, heads, dim)
         return k, v, (k, v)
-    if layout == "padded_dim":  # K's head dim padded to 192 (junk in the padding), V plain
-        k, v = empty(size, 1, NUM_KV_HEADS, 192), empty(size, 1, NUM_KV_HEADS, HEAD_DIM)
-        return k[..., :HEAD_DIM], v, (k, v)
-    if layout == "combined":  # one buffer, K and V of a page side by side: [P, 2, 1, 4, 128]
-        kv = empty(size, 2, 1, NUM_KV_HEADS, HEAD_DIM)
+    if layout == "padded_dim":  # K's head dim padded by half (192 of 128; junk in the padding), V plain
+        k, v = empty(size, page, heads, dim + dim // 2), empty(size, page, heads, dim)
+        return k[..., :dim], v, (k, v)
+    if layout == "combined":  # one buffer, K and V of a page side by side: [P, 2, page, heads, dim]
+        kv = empty(size, 2, page, heads, dim)
         return kv[:, 0], kv[:, 1], (kv,)
-    if layout == "planes":  # one buffer, a K plane then a V plane: [2, P, 1, 4, 128]
-        kv = empty(2, size, 1, NUM_KV_HEADS, HEAD_DIM)
+    if layout == "planes":  # one buffer, a K plane then a V plane: [2, P, page, heads, dim]
+        kv = empty(2, size, page, heads, dim)
         return kv[0], kv[1], (kv,)
-    if layout == "heads_outer":  # [4, P, 1, 128] storage: the head stride is P * 128
-        k, v = empty(NUM_KV_HEADS, size, 1, HEAD_DIM), empty(NUM_KV_HEADS, size, 1, HEAD_DIM)
+    if layout == "heads_outer":  # [heads, P, page, dim] storage: the head stride is P * page * dim
+        k, v = empty(heads, size, page, dim), empty(heads, size, page, dim)
         return k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3), (k, v)
-    if layout == "dim_outer":  # [128, P, 1, 4] storage: the last dimension's stride is P * 4
-        k, v = empty(HEAD_DIM, size, 1, NUM_KV_HEADS), empty(HEAD_DIM, size, 1, NUM_KV_HEADS)
+    if layout == "dim_outer":  # [dim, P, page, heads] storage: the last dimension's stride is P * page * heads
+        k, v = empty(dim, size, page, heads), empty(dim, size, page, heads)
         return k.permute(1, 2, 3, 0), v.permute(1, 2, 3, 0), (k, v)
     if layout == "mixed":  # K plain, V heads-outer
-        k, v = empty(size, 1, NUM_KV_HEADS, HEAD_DIM), empty(NUM_KV_HEADS, size, 1, HEAD_DIM)
+        k, v = empty(size, page, heads, dim), empty(heads, size, page, dim)
         return k, v.permute(1, 2, 0, 3), (k, v)
     raise ValueError(f"unknown kv_layout={layout!r}; expected one of {KV_LAYOUTS}")
 
 
-def _place_q(q: torch.Tensor, layout: str) -> torch.Tensor:
-    """q [B, 32, 128] as a view with ``layout``'s strides; storage outside the view holds NaN."""
-    batch = q.shape[0]
+def _place_q(q: torch.Tensor, layout: str, kv_heads: int) -> torch.Tensor:
+    """q [B, heads, dim] as a view with ``layout``'s strides; storage outside the view holds NaN."""
+    batch, heads, dim = q.shape
     if layout == "contiguous":
         return q.contiguous()
-    if layout == "fused_qkv":  # q heads, then 4 K and 4 V heads of the same token: batch stride 40 * 128
-        qkv = torch.full((batch, NUM_QO_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM), math.nan, dtype=q.dtype, device=q.device)
-        qkv[:, :NUM_QO_HEADS] = q
-        return qkv[:, :NUM_QO_HEADS]
-    if layout == "strided_dim":  # every other element of a [B, 32, 256] buffer: last-dimension stride 2
-        wide = torch.full((batch, NUM_QO_HEADS, 2 * HEAD_DIM), math.nan, dtype=q.dtype, device=q.device)
+    if layout == "fused_qkv":  # q heads, then the K and V heads of the same token: batch stride (heads + 2 kv) dim
+        qkv = torch.full((batch, heads + 2 * kv_heads, dim), math.nan, dtype=q.dtype, device=q.device)
+        qkv[:, :heads] = q
+        return qkv[:, :heads]
+    if layout == "strided_dim":  # every other element of a [B, heads, 2 dim] buffer: last-dimension stride 2
+        wide = torch.full((batch, heads, 2 * dim), math.nan, dtype=q.dtype, device=q.device)
         wide[..., ::2] = q
         return wide[..., ::2]
-    if layout == "heads_outer":  # [32, B, 128] storage
+    if layout == "heads_outer":  # [heads, B, dim] storage
         return q.transpose(0, 1).contiguous().transpose(0, 1)
-    if layout == "dim_outer":  # [B, 128, 32] storage: last-dimension stride 32, dense
+    if layout == "dim_outer":  # [B, dim, heads] storage: last-dimension stride heads, dense
         return q.transpose(1, 2).contiguous().transpose(1, 2)
     raise ValueError(f"unknown q_layout={layout!r}; expected one of {Q_LAYOUTS}")
 
@@ -576,46 +636,70 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
     return inputs
 
 
+def _token_slots(indices: torch.Tensor, lengths: tuple[int, ...], page_size: int) -> torch.Tensor:
+    """Every token's slot in the pool, ``page * page_size + slot``, in sequence and token order (CPU, int64)."""
+    if page_size == 1:
+        return indices
+    if not sum(lengths):
+        return indices
+    pages = page_counts(lengths, page_size)
+    token = torch.cat([torch.arange(n) for n in lengths])
+    first_page = torch.tensor([0, *itertools.accumulate(pages)][:-1]).repeat_interleave(torch.tensor(lengths))
+    return indices[first_page + token // page_size] * page_size + token % page_size
+
+
 def _build(case: DecodeCase, device: torch.device) -> DecodeInputs:
     if case.values not in VALUE_REGIMES:
         raise ValueError(f"unknown values={case.values!r}; expected one of {tuple(VALUE_REGIMES)}")
+    definition = case.shape
+    page_size = definition.page_size
     gen = torch.Generator().manual_seed(case.seed)
     indices, pool_size = page_ids(case, gen)
-    referenced = torch.unique(indices)
-    draw = _Stream(_key(case.seed, _VALUES), device)
+    referenced = torch.unique(_token_slots(indices, case.lengths, page_size))
+    draw = _Stream(_key(case.seed, _VALUES), device, definition)
     q, k_rows, v_rows = VALUE_REGIMES[case.values](draw, case.batch, referenced.numel())
-    k_cache, v_cache, storages = _kv_pool(case.kv_layout, pool_size, device)
+    k_cache, v_cache, storages = _kv_pool(case.kv_layout, pool_size, device, definition)
     for offset, storage in enumerate(storages):
         _fill_junk(storage, case.pool_fill, case.seed + offset)
     slots = to_device(referenced, device)
-    k_cache[slots, 0] = k_rows.to(torch.bfloat16)
-    v_cache[slots, 0] = v_rows.to(torch.bfloat16)
-    bounds = [0, *itertools.accumulate(case.lengths)]
+    pages, within = (slots, 0) if page_size == 1 else (slots // page_size, slots % page_size)
+    k_cache[pages, within] = k_rows.to(torch.bfloat16)
+    v_cache[pages, within] = v_rows.to(torch.bfloat16)
+    bounds = [0, *itertools.accumulate(page_counts(case.lengths, page_size))]
     junk_page = max(pool_size - 1, 0)  # in range, so a kernel that ignores the strides reads a wrong page, not memory
     kv_indptr = _place_index(torch.tensor(bounds, dtype=torch.int64), case.index_layout, bounds[-1], device)
-    _remember_host_indptr(kv_indptr, bounds)
+    _remember_on_host(kv_indptr, bounds)
+    last_page_len = None
+    if definition.paged:
+        lasts = last_page_lengths(case.lengths, page_size)
+        last_page_len = _place_index(torch.tensor(lasts, dtype=torch.int64), case.index_layout, page_size, device)
+        _remember_on_host(last_page_len, lasts)
     return DecodeInputs(
-        q=_place_q(q.to(torch.bfloat16), case.q_layout),
+        q=_place_q(q.to(torch.bfloat16), case.q_layout, definition.num_kv_heads),
         k_cache=k_cache,
         v_cache=v_cache,
         kv_indptr=kv_indptr,
         kv_indices=_place_index(indices, case.index_layout, junk_page, device),
         sm_scale=case.scale,
+        kv_last_page_len=last_page_len,
     )
 
 
-# The kv_indptr tensors the builder made, by id: (the tensor, weakly; its version counter then; its values).
-_host_indptrs: dict[int, tuple[weakref.ref, int, list[int]]] = {}
+# The index tensors the builder made, by id: (the tensor, weakly; its version counter then; its values).
+_host_values: dict[int, tuple[weakref.ref, int, list[int]]] = {}
 
 
-def _remember_host_indptr(kv_indptr: torch.Tensor, values: list[int]) -> None:
-    key = id(kv_indptr)
-    forget = lambda _: _host_indptrs.pop(key, None)  # noqa: E731 - runs when the tensor is freed
-    _host_indptrs[key] = (weakref.ref(kv_indptr, forget), kv_indptr._version, values)
+def _remember_on_host(tensor: torch.Tensor, values: list[int]) -> None:
+    key = id(tensor)
+    forget = lambda _: _host_values.pop(key, None)  # noqa: E731 - runs when the tensor is freed
+    _host_values[key] = (weakref.ref(tensor, forget), tensor._version, values)
 
 
-def host_indptr(kv_indptr: torch.Tensor) -> list[int] | None:
-    """The values of ``kv_indptr`` as a host list when the builder made this very tensor and nothing has written
-    to it since (its version counter), else None: the oracle then needs no read-back from the device."""
-    ref, version, values = _host_indptrs.get(id(kv_indptr), (None, None, None))
-    return values if ref is not None and ref() is kv_indptr and kv_indptr._version == version else None
+def host_values(tensor: torch.Tensor | None) -> list[int] | None:
+    """The values of ``tensor`` (a ``kv_indptr`` or ``kv_last_page_len``) as a host list when the builder made this
+    very tensor and nothing has written to it since (its version counter), else None: the oracle then needs no
+    read-back from the device."""
+    if tensor is None:
+        return None
+    ref, version, values = _host_values.get(id(tensor), (None, None, None))
+    return values if ref is not None and ref() is tensor and tensor._version == version else None

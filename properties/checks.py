@@ -12,7 +12,7 @@ import torch
 from hypothesis import note, settings, target
 
 from . import sibling
-from .cases import DecodeInputs, host_indptr
+from .cases import DecodeInputs, host_values
 from .stages import timed
 from .strategies import SizeLimits
 
@@ -45,9 +45,15 @@ def run_and_check(impl: Callable, inputs: DecodeInputs, context: str) -> Checked
     __tracebackhide__ = True
     output, lse = impl(*inputs)
     assert_result_metadata(output, lse, inputs, context)
-    reference = attend(*inputs, indptr_on_host=host_indptr(inputs.kv_indptr))
+    reference = oracle_of(inputs)
     worst = assert_within_bound(output, lse, reference, context=context)
     return Checked(output, lse, reference, worst)
+
+
+def oracle_of(inputs: DecodeInputs) -> Reference:
+    """The float64 answer and bound for a built call, from the index values the builder kept on the host."""
+    return attend(*inputs, indptr_on_host=host_values(inputs.kv_indptr),
+                  last_page_len_on_host=host_values(inputs.kv_last_page_len))
 
 
 def steer_toward_the_bound(worst_ratio: float) -> None:
@@ -57,12 +63,12 @@ def steer_toward_the_bound(worst_ratio: float) -> None:
 
 
 def assert_result_metadata(output: torch.Tensor, lse: torch.Tensor, inputs: DecodeInputs, context: str) -> None:
-    """Output is [B, 32, 128] bfloat16 and lse [B, 32] float32 (unless None), both on q's device."""
+    """Output is [B, H, D] bfloat16 and lse [B, H] float32 (unless None), as q, both on q's device."""
     __tracebackhide__ = True
-    batch, device = inputs.q.shape[0], inputs.q.device
+    q_shape, device = tuple(inputs.q.shape), inputs.q.device
     for name, tensor, shape, dtype in (
-        ("output", output, (batch, reference.NUM_QO_HEADS, reference.HEAD_DIM), torch.bfloat16),
-        ("lse", lse, (batch, reference.NUM_QO_HEADS), torch.float32),
+        ("output", output, q_shape, torch.bfloat16),
+        ("lse", lse, q_shape[:2], torch.float32),
     ):
         if tensor is None and name == "lse":
             continue

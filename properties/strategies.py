@@ -7,7 +7,9 @@ ordinary values, not away from it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -22,6 +24,7 @@ from .cases import (
     Q_LAYOUTS,
     VALUE_REGIMES,
     DecodeCase,
+    active_definition,
 )
 from .sizes import SizeLimits
 
@@ -31,14 +34,31 @@ _DEFAULT_LIMITS = SizeLimits()
 _BLOCK_EDGES = sorted({n + d for n in (16, 32, 64, 128, 256) for d in (-1, 0, 1)})
 
 
-def sequence_lengths(*, max_len: int) -> st.SearchStrategy[int]:
-    """Tokens in one sequence: weighted to 0, 1, block edges, short runs, and a long tail."""
+def sequence_lengths(*, max_len: int, page_size: int = 1) -> st.SearchStrategy[int]:
+    """Tokens in one sequence: weighted to 0, 1, block edges, short runs, and a long tail.
+
+    With pages of several tokens, also drawn as (pages, last-page length) with the edges weighted: one token
+    in the last page, a full last page, one short of full, one page.
+    """
     if max_len < 1:
         raise InvalidArgument(f"max_len={max_len} must be at least 1")
     edges = [n for n in _BLOCK_EDGES if n <= max_len]
+    if page_size == 1:
+        return st.one_of(
+            st.integers(0, min(40, max_len)),
+            st.sampled_from([0, 1, *edges]),
+            st.integers(0, max_len),
+        )
+    most_pages = max(1, -(-max_len // page_size))
+    last = st.one_of(st.sampled_from([1, page_size, page_size - 1, 2]), st.integers(1, page_size))
+    in_pages = st.builds(lambda pages, tokens: min((pages - 1) * page_size + tokens, max_len),
+                         st.integers(1, most_pages), last)
+    page_edges = sorted({n for m in range(page_size, max_len + 2, page_size) for n in (m - 1, m, m + 1)
+                         if 0 < n <= max_len})
     return st.one_of(
         st.integers(0, min(40, max_len)),
-        st.sampled_from([0, 1, *edges]),
+        st.sampled_from([0, 1, *page_edges, *edges]),
+        in_pages,
         st.integers(0, max_len),
     )
 
@@ -87,7 +107,8 @@ def decode_cases(
     sm_scales: st.SearchStrategy[float | None] | None = None,
     min_spare_pages: int = 0,
 ) -> st.SearchStrategy[DecodeCase]:
-    """A ``DecodeCase`` within ``limits``, with at least ``min_empty`` empty sequences.
+    """A ``DecodeCase`` within ``limits``, with at least ``min_empty`` empty sequences, for the definition active
+    when it is drawn (``cases.active_definition``: the plugin sets it per test item).
 
     The tuples name the choices drawn for each descriptor field (the first is where
     failures shrink to); ``lengths`` and ``sm_scales`` replace the default strategies
@@ -104,11 +125,17 @@ def decode_cases(
         ("index_layouts", index_layouts, INDEX_LAYOUTS), ("pool_fills", pool_fills, POOL_FILLS),
     ):
         _check_choices(name, chosen, allowed)
-    one_length = sequence_lengths(max_len=limits.max_len) if lengths is None else lengths
-    # Every part is built once, here: a strategy built inside the draw is validated anew for
-    # every example, which cost more than all the drawing (4.4 ms an example on a CPU core).
+    size = dict(min_size=max(min_batch, min_empty), max_size=limits.max_batch)
+
+    @cache
+    def lengths_for(page_size: int) -> st.SearchStrategy[list[int]]:
+        one_length = sequence_lengths(max_len=limits.max_len, page_size=page_size) if lengths is None else lengths
+        return st.lists(one_length, **size)
+
+    # Every part is built once, here (the lengths once per page size): a strategy built inside the draw is
+    # validated anew for every example, which cost more than all the drawing (4.4 ms an example on a CPU core).
     fields = _CaseFields(
-        lengths=st.lists(one_length, min_size=max(min_batch, min_empty), max_size=limits.max_batch),
+        lengths=lengths_for,
         min_empty=min_empty,
         page_layout=st.sampled_from(page_layouts),
         spare_pages=st.integers(min_spare_pages, limits.max_spare_pages),
@@ -127,7 +154,7 @@ def decode_cases(
 class _CaseFields:
     """One strategy per descriptor field (``min_empty``: how many sequences are forced empty)."""
 
-    lengths: st.SearchStrategy[list[int]]
+    lengths: Callable[[int], st.SearchStrategy[list[int]]]  # by page size
     min_empty: int
     page_layout: st.SearchStrategy[str]
     spare_pages: st.SearchStrategy[int]
@@ -142,7 +169,8 @@ class _CaseFields:
 
 @st.composite
 def _draw_case(draw, fields: _CaseFields) -> DecodeCase:
-    lengths = draw(fields.lengths)
+    definition = active_definition()
+    lengths = draw(fields.lengths(definition.page_size))
     if fields.min_empty:
         empty = draw(st.sets(st.integers(0, len(lengths) - 1), min_size=fields.min_empty, max_size=fields.min_empty))
         lengths = [0 if i in empty else n for i, n in enumerate(lengths)]
@@ -157,4 +185,5 @@ def _draw_case(draw, fields: _CaseFields) -> DecodeCase:
         q_layout=draw(fields.q_layout),
         kv_layout=draw(fields.kv_layout),
         index_layout=draw(fields.index_layout),
+        definition=definition.name,
     )

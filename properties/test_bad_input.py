@@ -10,6 +10,13 @@ Calls the contract leaves to policy (tensors on another device, an odd
 ``--contract=strict`` (this project's kernel): every corruption is refused with
 ``TypeError`` for a wrong type or dtype and ``ValueError`` for everything else, and
 the message names the argument; CUDA tensors only.
+
+Shapes are broken relative to the run's definition (``q_16_heads`` keeps half the query
+heads, 16 of 32 in the seed's; ``k_cache_page_size_2`` doubles the page size). With pages
+of several tokens ``kv_last_page_len`` is broken too: missing, of the wrong dtype or
+length, or above the page size or negative (forbidden: a kernel would read outside the
+page); 0 for a sequence that has pages is policy (the benchmark's reference then counts
+only the full pages, FlashInfer's convention wants 1 .. page size): refused under strict.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import torch
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from .cases import DecodeCase, DecodeInputs, build
+from .cases import DecodeCase, DecodeInputs, active_definition, build
 from .checks import run_and_check
 from .strategies import SizeLimits, decode_cases
 
@@ -95,6 +102,27 @@ def _pool_size(inputs: DecodeInputs) -> int:
     return inputs.k_cache.shape[0]
 
 
+def _paged(inputs: DecodeInputs) -> bool:
+    return inputs.kv_last_page_len is not None
+
+
+def _paged_with_pages(inputs: DecodeInputs) -> bool:
+    return _paged(inputs) and _has_pages(inputs)
+
+
+def _set_last_page_len(inputs: DecodeInputs, gen: torch.Generator, value: int) -> DecodeInputs:
+    """kv_last_page_len with ``value`` for one sequence that has pages."""
+    indptr = inputs.kv_indptr.tolist()
+    with_pages = [seq for seq in range(len(indptr) - 1) if indptr[seq + 1] > indptr[seq]]
+    last = inputs.kv_last_page_len.clone()
+    last[with_pages[_pick(gen, len(with_pages))]] = value
+    return inputs._replace(kv_last_page_len=last)
+
+
+def _page_size(inputs: DecodeInputs) -> int:
+    return inputs.k_cache.shape[1]
+
+
 CORRUPTIONS: dict[str, Corruption] = {
     # wrong dtype or type: TypeError
     "q_float16": Corruption(lambda x, g: x._replace(q=x.q.half()), TypeError, ("q",)),
@@ -107,8 +135,8 @@ CORRUPTIONS: dict[str, Corruption] = {
         lambda x, g: x._replace(kv_indices=x.kv_indices.to(torch.int16)), TypeError, ("kv_indices",)),
     "sm_scale_string": Corruption(lambda x, g: x._replace(sm_scale="0.1"), TypeError, ("sm_scale",), forbidden=False),
     # wrong shape: ValueError
-    "q_16_heads": Corruption(lambda x, g: x._replace(q=x.q[:, :16]), ValueError, ("q",)),
-    "q_head_dim_64": Corruption(lambda x, g: x._replace(q=x.q[..., :64]), ValueError, ("q",)),
+    "q_16_heads": Corruption(lambda x, g: x._replace(q=x.q[:, :x.q.shape[1] // 2]), ValueError, ("q",)),
+    "q_head_dim_64": Corruption(lambda x, g: x._replace(q=x.q[..., :x.q.shape[2] // 2]), ValueError, ("q",)),
     "q_extra_dim": Corruption(lambda x, g: x._replace(q=x.q[None]), ValueError, ("q",)),
     "k_cache_page_size_2": Corruption(
         lambda x, g: x._replace(k_cache=torch.cat([x.k_cache, x.k_cache], 1)), ValueError, ("k_cache",)),
@@ -152,11 +180,41 @@ CORRUPTIONS: dict[str, Corruption] = {
     "sm_scale_beyond_float32": Corruption(lambda x, g: x._replace(sm_scale=1e39), ValueError, ("sm_scale",),
                                           forbidden=False),
 }
+_ONE_TOKEN_PAGES = sorted(CORRUPTIONS)
+# Pages of several tokens: kv_last_page_len broken too.
+CORRUPTIONS.update({
+    "kv_last_page_len_missing": Corruption(
+        lambda x, g: x._replace(kv_last_page_len=None), TypeError, ("kv_last_page_len",), applies=_paged),
+    "kv_last_page_len_float": Corruption(
+        lambda x, g: x._replace(kv_last_page_len=x.kv_last_page_len.float()), TypeError, ("kv_last_page_len",),
+        applies=_paged),
+    "kv_last_page_len_short": Corruption(
+        lambda x, g: x._replace(kv_last_page_len=x.kv_last_page_len[:-1]), ValueError, ("kv_last_page_len",),
+        applies=lambda x: _paged(x) and x.kv_last_page_len.numel() > 0),
+    "kv_last_page_len_above_page_size": Corruption(
+        lambda x, g: _set_last_page_len(x, g, _page_size(x) + 1), ValueError, ("kv_last_page_len",),
+        applies=_paged_with_pages),
+    "kv_last_page_len_negative": Corruption(
+        lambda x, g: _set_last_page_len(x, g, -1), ValueError, ("kv_last_page_len",), applies=_paged_with_pages),
+    "kv_last_page_len_zero": Corruption(
+        lambda x, g: _set_last_page_len(x, g, 0), ValueError, ("kv_last_page_len",), applies=_paged_with_pages,
+        forbidden=False),
+    "kv_last_page_len_other_device": Corruption(
+        _move("kv_last_page_len"), ValueError, ("kv_last_page_len", "q"), applies=_paged, forbidden=False),
+})
+# Drawn per definition, the one-token-page list unchanged (a derandomized run draws the same corruptions).
+_DRAWN = {False: st.sampled_from(_ONE_TOKEN_PAGES), True: st.sampled_from(sorted(CORRUPTIONS))}
+
+
+@st.composite
+def corruptions(draw) -> str:
+    """The name of one corruption the active definition's calls can take."""
+    return draw(_DRAWN[active_definition().paged])
 
 
 @given(
     case=decode_cases(limits=LIMITS, min_batch=0),
-    corruption=st.sampled_from(sorted(CORRUPTIONS)),
+    corruption=corruptions(),
     where=st.integers(0, 2**32 - 1),
 )
 # The seed validated no page id: on a GPU an out-of-range one is an illegal memory access.
@@ -181,7 +239,10 @@ def test_bad_input_is_refused_and_the_next_call_works(impl, contract, device, ca
 def test_each_corruption_is_handled(impl, contract, device, corruption):
     """Every entry of the table, once (the property above samples them)."""
     case = DecodeCase(lengths=(2, 0, 3), spare_pages=1)
-    assert_handled(impl, contract, build(case, device), corruption, 0, f"case {case}")
+    inputs = build(case, device)
+    if not CORRUPTIONS[corruption].applies(inputs):
+        pytest.skip(f"{corruption} does not apply to {case.shape.name}")
+    assert_handled(impl, contract, inputs, corruption, 0, f"case {case}")
 
 
 def assert_handled(impl, contract: str, inputs: DecodeInputs, corruption: str, where: int, context: str) -> None:

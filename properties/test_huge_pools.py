@@ -5,14 +5,21 @@
 overflow int32 in ``head * stride`` and ``dim * stride`` once they hold several
 million pages. The builder fills the pool on the GPU and generates only the
 referenced rows; the oracle gathers only those.
+
+Cases are written in the seed definition's pages (512 elements each); under another
+definition the pool holds as many elements, so page ids pass the same offsets: with
+64-token pages of 4 KV heads (32,768 elements) ``page_id * page_stride`` passes 2**31
+from page 2**16 on.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import example, given, note
 
-from .cases import DecodeCase, build
+from .cases import DecodeCase, active_definition, build, definitions
 from .checks import run_and_check, share_of_examples
 from .strategies import SizeLimits, decode_cases
 
@@ -34,8 +41,16 @@ pytestmark = pytest.mark.gpu
 # Dim-major pool: dim 127 sits 127 * P * 4 elements in, past 2**31 for P above ~4.23M pages.
 @example(case=DecodeCase(lengths=(3,), page_layout="pool_end", spare_pages=4_300_000, kv_layout="dim_outer"))
 def test_page_ids_beyond_2_to_the_22_give_the_right_answer(impl, device, large_allocation, case):
+    case = as_deep_in_the_active_definition(case)
     with large_allocation():  # up to ~20 GB per example: one such example per GPU at a time
         inputs = build(case, device)
         note(f"largest page id {int(inputs.kv_indices.max()) if inputs.kv_indices.numel() else None}")
         run_and_check(impl, inputs, f"case {case}")
         del inputs  # freed before the next worker's turn
+
+
+def as_deep_in_the_active_definition(case: DecodeCase) -> DecodeCase:
+    """``case`` (its pool counted in the seed's pages) for the active definition, its pool as many elements deep."""
+    active, seed = active_definition(), definitions.SEED
+    spare = -(-case.spare_pages * seed.page_elements // active.page_elements)
+    return replace(case, spare_pages=spare, definition=active.name)

@@ -93,7 +93,7 @@ def test_every_output_element_is_written(impl, device, case):
 @given(case=decode_cases(limits=SHORT), copy_seed=st.integers(0, 2**32 - 1))
 def test_heads_sharing_a_kv_head_and_a_query_give_equal_results(impl, device, case, copy_seed):
     inputs = build(case, device)
-    q, pairs = copy_queries_within_groups(inputs.q, torch.Generator().manual_seed(copy_seed))
+    q, pairs = copy_queries_within_groups(inputs.q, inputs.k_cache.shape[2], torch.Generator().manual_seed(copy_seed))
     output, lse = impl(*inputs._replace(q=q))
     for head, source in pairs:
         one_head = lambda h: (output[:, h:h + 1], None if lse is None else lse[:, h:h + 1])  # noqa: E731

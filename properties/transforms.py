@@ -12,24 +12,24 @@ import torch
 from . import sibling
 from .cases import DecodeInputs
 
-reference = sibling("reference")
-Reference, GROUP, NUM_KV_HEADS = reference.Reference, reference.GROUP, reference.NUM_KV_HEADS
+Reference = sibling("reference").Reference
 
 
 def sequence_bounds(inputs: DecodeInputs) -> list[tuple[int, int]]:
-    """[start, end) of each sequence in kv_indices."""
+    """[start, end) of each sequence's pages in kv_indices."""
     indptr = inputs.kv_indptr.tolist()
     return list(zip(indptr[:-1], indptr[1:]))
 
 
 def single_sequence(inputs: DecodeInputs, seq: int) -> DecodeInputs:
-    """The call for sequence ``seq`` alone: batch 1, same pool, same page ids."""
+    """The call for sequence ``seq`` alone: batch 1, same pool, same page ids (and last-page length)."""
     start, end = sequence_bounds(inputs)[seq]
-    indptr = inputs.kv_indptr
+    indptr, last = inputs.kv_indptr, inputs.kv_last_page_len
     return inputs._replace(
         q=inputs.q[seq:seq + 1],
         kv_indptr=torch.tensor([0, end - start], dtype=indptr.dtype, device=indptr.device),
         kv_indices=inputs.kv_indices[start:end],
+        kv_last_page_len=None if last is None else last[seq:seq + 1],
     )
 
 
@@ -62,16 +62,21 @@ def relabel_pages(inputs: DecodeInputs, extra_pages: int, gen: torch.Generator) 
     return inputs._replace(k_cache=moved(inputs.k_cache), v_cache=moved(inputs.v_cache), kv_indices=indices)
 
 
-def copy_queries_within_groups(q: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """q with some heads' rows copied from another head reading the same KV head.
+def copy_queries_within_groups(q: torch.Tensor, kv_heads: int,
+                               gen: torch.Generator) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """q with some heads' rows copied from another head reading the same of ``kv_heads`` KV heads.
 
-    Returns the new q and the (copy, source) head pairs, at least one per KV head.
+    Returns the new q and the (copy, source) head pairs, at least one per KV head (none where a KV head serves
+    one query head).
     """
     q = q.clone()
     pairs = []
-    for group in range(NUM_KV_HEADS):
-        heads = (group * GROUP + torch.randperm(GROUP, generator=gen)).tolist()
-        copies = int(torch.randint(1, GROUP, (1,), generator=gen))
+    group = q.shape[1] // kv_heads
+    if group < 2:
+        return q, pairs
+    for kv_head in range(kv_heads):
+        heads = (kv_head * group + torch.randperm(group, generator=gen)).tolist()
+        copies = int(torch.randint(1, group, (1,), generator=gen))
         source = heads[0]
         for head in heads[1:1 + copies]:
             q[:, head] = q[:, source]

@@ -18,8 +18,6 @@ __all__ = [
     "HOEFFDING_LAMBDA", "SoftmaxTerms", "error_bounds", "factor_columns", "half_ulp_bf16", "near_tie_counts",
 ]
 
-HEAD_DIM = 128
-
 # §1 The precision the contract allows, and how sure the statistical term is.
 U32 = 2.0**-24  # float32 unit roundoff, round to nearest
 U_ACC = 2.0**-23  # one float32 accumulation step, round-toward-zero allowed (tensor-core adders truncate)
@@ -31,7 +29,6 @@ TINY = 2.0**-126  # smallest normal float32; anything smaller may be flushed to 
 NEAR_TIE_LOG2 = math.log2(1.0 + 2.0**-12)  # weights closer than this round alike
 FALSE_ALARM_PER_ELEMENT = 1e-12
 HOEFFDING_LAMBDA = math.sqrt(2.0 * math.log(2.0 / FALSE_ALARM_PER_ELEMENT))  # 7.43
-DOT_GAMMA = (HEAD_DIM - 1) * U_ACC / (1 - (HEAD_DIM - 1) * U_ACC)  # gamma_127: a 128-term float32 dot product
 MAX_LOG_ERROR = 700.0  # keeps exp() finite in float64; such weights are capped at 1 anyway
 
 
@@ -46,6 +43,11 @@ class SoftmaxTerms(NamedTuple):
     lse_natural: torch.Tensor  # [b, g, j] natural-log LSE, -inf for empty sequences
     padding: torch.Tensor  # [b, 1, 1, L] True past a sequence's end
     factors: torch.Tensor  # [5, b, 1, 1, 1] factor_columns of the sequences' lengths
+
+
+def dot_gamma(dim: int) -> float:
+    """gamma_{d-1}: the relative error of a d-term float32 dot product (gamma_127 for head dim 128)."""
+    return (dim - 1) * U_ACC / (1 - (dim - 1) * U_ACC)
 
 
 def gamma(steps: torch.Tensor, unit: float) -> torch.Tensor:
@@ -97,7 +99,7 @@ def _token_logit_error(terms: SoftmaxTerms, abs_logits: torch.Tensor, largest: t
     ``abs_logits`` is |s|, 0 past the end; ``largest`` is S. Past the end the result is the smallest of the
     head's (M = 0 and |s| = 0 there): left unmasked, it never raises a maximum over tokens.
     """
-    dot_product = (DOT_GAMMA + 2 * U32) * terms.logit_magnitude  # dot product, then the scale
+    dot_product = (dot_gamma(terms.values.shape[-1]) + 2 * U32) * terms.logit_magnitude  # dot product, then scale
     # + 4 U32 (|s| + S), forming (s - m_block) * log2(e); alpha is a power of 2: the same rounding
     error = torch.add(dot_product, abs_logits + largest, alpha=4 * U32)
     return error.add_(EXP_REL)  # exp2 itself
@@ -157,7 +159,7 @@ def _logit_term(
             a, o = a[:, :, head:head + step], o[:, :, head:head + step]
         deviation = (filled - o[:, :, :, None]).abs_()  # [b, g, s, L, d]
         rows = deviation.shape[:3].numel()  # one (sequence, KV head, query head) each
-        weighted = torch.bmm(a.reshape(rows, 1, length), deviation.view(rows, length, HEAD_DIM)).view_as(o)
+        weighted = torch.bmm(a.reshape(rows, 1, length), deviation.view(rows, length, by_group.shape[-1])).view_as(o)
         parts.append(torch.minimum(weighted, deviation.amax(dim=3)))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
@@ -174,7 +176,7 @@ def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
     lengths, rescales, steps, division_factor, log1p_argument = terms.factors.unbind()
     v = terms.values.permute(0, 2, 1, 3)  # [b, g, L, d]
     abs_v = v.abs()
-    abs_v_by_head = abs_v.view(count * groups, length, HEAD_DIM)  # the right operand of bmm
+    abs_v_by_head = abs_v.view(count * groups, length, v.shape[-1])  # the right operand of bmm
     largest_v = abs_v.amax(dim=2, keepdim=True)  # max_l |v_l| ([b, g, 1, d]): the padding's 0 never raises it
 
     # §2 Logit errors: per token, then with every later running-max rescale.

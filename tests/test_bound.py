@@ -92,5 +92,5 @@ def test_bound_grows_with_the_logit_magnitude():
 )
 def test_correct_float32_implementations_stay_within_bound(impl, values, lengths, scale, seed):
     inputs = build(DecodeCase(lengths=tuple(lengths), values=values, scale=scale, seed=seed))
-    for mismatch in check_against_reference(*impl(*inputs), attend(*inputs)):
+    for mismatch in check_against_reference(*impl(*inputs.arguments()), attend(*inputs)):
         assert not mismatch.message, mismatch.message

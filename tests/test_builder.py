@@ -10,7 +10,7 @@ import torch
 
 from properties import cases
 from properties.cases import KV_LAYOUTS, POOL_FILLS, Q_LAYOUTS, VALUE_REGIMES, DecodeCase, build
-from reference.oracle import DEFAULT_SM_SCALE, GROUP
+from reference.definitions import SEED
 
 
 def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -30,8 +30,8 @@ def _logits(inputs) -> torch.Tensor:
     rows = []
     for seq in range(inputs.q.shape[0]):
         pages = inputs.kv_indices[int(inputs.kv_indptr[seq]):int(inputs.kv_indptr[seq + 1])].long()
-        keys = inputs.k_cache[pages, 0].double().repeat_interleave(GROUP, dim=1)  # [n, 32, 128]
-        rows.append(DEFAULT_SM_SCALE * (keys * inputs.q[seq].double()).sum(-1))
+        keys = inputs.k_cache[pages, 0].double().repeat_interleave(SEED.group, dim=1)  # [n, 32, 128]
+        rows.append(SEED.default_sm_scale * (keys * inputs.q[seq].double()).sum(-1))
     return torch.cat(rows)
 
 
@@ -68,21 +68,22 @@ def test_pool_fill_and_seed_change_only_what_they_should():
 
 
 @pytest.mark.parametrize("index_layout", ["int32", "int64_strided"])
-def test_host_indptr_is_known_only_for_the_builders_unchanged_tensor(index_layout):
+def test_host_values_is_known_only_for_the_builders_unchanged_tensor(index_layout):
     """The oracle may skip reading kv_indptr back only while it holds exactly what the builder put there."""
     inputs = build(DecodeCase(lengths=(5, 0, 9), index_layout=index_layout), observe=False)
     indptr = inputs.kv_indptr
-    assert cases.host_indptr(indptr) == [0, 5, 5, 14] == indptr.tolist()
-    assert cases.host_indptr(indptr.clone()) is None  # equal values, another tensor: read it back
+    assert cases.host_values(indptr) == [0, 5, 5, 14] == indptr.tolist()
+    assert cases.host_values(indptr.clone()) is None  # equal values, another tensor: read it back
     (indptr._base if indptr._base is not None else indptr).add_(0)  # written in place (a view's base too)
-    assert cases.host_indptr(indptr) is None
-    remembered = len(cases._host_indptrs)
+    assert cases.host_values(indptr) is None
+    remembered = len(cases._host_values)
     del inputs, indptr
-    assert len(cases._host_indptrs) == remembered - 1  # forgotten with the tensor
+    assert len(cases._host_values) == remembered - 1  # forgotten with the tensor
 
 
 def test_normal_values_have_standard_moments():
-    q, k, v = VALUE_REGIMES["normal"](cases._Stream(cases._key(1, 1), torch.device("cpu")), 16, 4096)
+    stream = cases._Stream(cases._key(1, 1), torch.device("cpu"), cases.definitions.SEED)
+    q, k, v = VALUE_REGIMES["normal"](stream, 16, 4096)
     for t in (q, k, v):
         x = t.double().flatten()
         assert abs(float(x.mean())) < 0.01 and abs(float(x.std()) - 1) < 0.01
@@ -204,7 +205,7 @@ def test_fused_draws_give_the_torch_paths_bits(key, start, count):
     from properties import _fused_hashes
 
     device = _fused_device()
-    stream = cases._Stream(key, torch.device("cpu"))
+    stream = cases._Stream(key, torch.device("cpu"), cases.definitions.SEED)
     stream.used = start
     expected = stream.normal(count)  # the CPU's torch path, counters start .. start + 2 count
     got = torch.empty(count, dtype=torch.float32, device=device)

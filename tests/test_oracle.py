@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties.cases import DecodeCase, build, host_indptr
+from properties.cases import DecodeCase, build, host_values
 from properties.strategies import SizeLimits, decode_cases
 from reference import attend, float32_scale
 
@@ -40,7 +40,7 @@ def naive_attention(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
 def test_oracle_matches_naive_per_head_loop(case):
     inputs = build(case)
     reference = attend(*inputs)
-    output, lse = naive_attention(*inputs)
+    output, lse = naive_attention(*inputs.arguments())
     torch.testing.assert_close(reference.output, output, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(reference.lse, lse, rtol=1e-9, atol=1e-9)
 
@@ -124,7 +124,7 @@ def test_bound_is_the_same_one_head_or_all_heads_at_a_time(monkeypatch):
 def test_lengths_known_on_the_host_give_the_same_bits(case):
     """The builder's host copy of kv_indptr (no read-back) gives the oracle's every output bit for bit."""
     inputs = build(case)
-    known = host_indptr(inputs.kv_indptr)
+    known = host_values(inputs.kv_indptr)
     assert known == inputs.kv_indptr.tolist()
     for read_back, from_host in zip(attend(*inputs), attend(*inputs, indptr_on_host=known)):
         assert torch.equal(read_back.view(torch.int64), from_host.view(torch.int64))
@@ -136,7 +136,7 @@ def test_lengths_given_on_the_host_are_used_instead_of_the_tensor():
     given = inputs.kv_indptr.tolist()
     expected = attend(*inputs)
     inputs.kv_indptr.copy_(torch.tensor([0, 1, 1, 2]))  # what such a kernel might leave behind
-    assert host_indptr(inputs.kv_indptr) is None
+    assert host_values(inputs.kv_indptr) is None
     for fresh, from_host in zip(expected, attend(*inputs, indptr_on_host=given)):
         assert torch.equal(fresh.view(torch.int64), from_host.view(torch.int64))
 
@@ -158,7 +158,7 @@ def _padded_reference(inputs, shape, q_junk=math.nan):
 
     bounds = inputs.kv_indptr.tolist()
     starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
-    rows = oracle._empty_rows(*shape, inputs.q.device)
+    rows = oracle._empty_rows(*shape, oracle._Shape.of(inputs.q, inputs.k_cache), inputs.q.device)
     rows.q.fill_(q_junk)  # what a previous, larger batch may have left
     scale = float32_scale(inputs.sm_scale)
     oracle._fill(rows, inputs.q, inputs.k_cache, inputs.v_cache, inputs.kv_indices, starts, lengths, scale)

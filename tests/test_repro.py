@@ -33,9 +33,9 @@ def test_ranges_read_as_runs():
 
 def test_diagnosis_names_sequence_heads_and_dims():
     inputs = build(CASE)
-    output, lse = correct(*inputs)
+    output, lse = correct(*inputs.arguments())
     output[1, 5, 70:80] += 0.5
-    lines, failed = describe_mismatch(output, lse, attend(*inputs), inputs.kv_indptr)
+    lines, failed = describe_mismatch(output, lse, attend(*inputs), list(CASE.lengths), 8)
     text = "\n".join(lines)
     assert failed
     assert "seq 1 (40 tokens)" in text and "heads 5;" in text and "dims 70-79" in text, text
@@ -44,7 +44,7 @@ def test_diagnosis_names_sequence_heads_and_dims():
 
 def test_diagnosis_of_a_correct_result_finds_nothing():
     inputs = build(CASE)
-    lines, failed = describe_mismatch(*correct(*inputs), attend(*inputs), inputs.kv_indptr)
+    lines, failed = describe_mismatch(*correct(*inputs.arguments()), attend(*inputs), list(CASE.lengths), 8)
     assert not failed and "0 of 12288 elements outside the bound" in lines[0]
 
 
@@ -86,7 +86,7 @@ def test_case_file_after_a_fault_is_rebuilt_from_the_case(tmp_path):
     path = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
                                device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False)
     saved = casefiles.load_case(path)
-    built_args = [{"built": name} for name in build(CASE)._fields[:5]] + [CASE.scale]
+    built_args = [{"built": name} for name in build(CASE)._fields[:5]] + [CASE.scale, None]
     assert saved["calls"] == [{"args": built_args, "kwargs": {}}]  # no tensor in the file: all rebuilt
     case = casefiles.case_from_fields(saved["case_fields"])
     (args, _), = [casefiles.restore_call(call, "cpu", case) for call in saved["calls"]]

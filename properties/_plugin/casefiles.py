@@ -278,6 +278,7 @@ def save_case(
         "profile": profile,
         "run_id": run_id,
         "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "definition": _definition_of(record.case).to_json(),
         "case_repr": repr(record.case) if record.case is not None else None,
         "case_fields": dataclasses.asdict(record.case) if dataclasses.is_dataclass(record.case) else None,
         "calls": _packed_calls(record, device_readable),
@@ -289,6 +290,24 @@ def save_case(
     with open(directory / INDEX_NAME, "a", encoding="utf-8") as index:  # one short line: an atomic append
         index.write(line + "\n")
     return path
+
+
+def _definition_of(case: Any):
+    """The definition a recorded example ran under: its case's, else the active one."""
+    from ..cases import active_definition
+
+    return case.shape if hasattr(case, "shape") else active_definition()
+
+
+def definition_of(payload: dict):
+    """The definition a case file was found under (registered in this process, so its case rebuilds); files from
+    before definitions were recorded ran under the seed's."""
+    from ..cases import definitions
+
+    data = payload.get("definition")
+    if data is None:
+        return definitions.SEED
+    return definitions.register(definitions.from_json(data, origin=f"case file ({data.get('name')})"))
 
 
 def load_case(path: Path | str) -> dict:

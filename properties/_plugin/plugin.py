@@ -96,6 +96,9 @@ _OPTIONS = (
     # flag, environment variable, default, type, choices, metavar, help
     ("--impl", "GQA_DECODE_IMPL", DEFAULT_IMPL, str, None, "TARGET",
      "implementation under test: 'package.module:function' or 'path/to/file.py:function'"),
+    ("--definition", "GQA_DECODE_DEFINITION", "gqa_paged_decode_h32_kv4_d128_ps1", str, None, "NAME",
+     "the contract: a built-in definition's name, path/to/definition.json (a FlashInfer-Bench Definition file), "
+     "a comma-separated list of them, or all (the built-in family; each property runs once per definition)"),
     ("--device", "GQA_DECODE_DEVICE", "auto", str, ("auto", "cpu", "cuda"), None,
      "where the kernel runs: cuda, cpu (Triton interpreter), or auto (cuda when available)"),
     ("--contract", "GQA_DECODE_CONTRACT", "auto", str, CONTRACTS, None,
@@ -162,6 +165,7 @@ class RunState:
     """What this run tests, where, to which tier, and where its failures and report go."""
 
     target: Target
+    definitions: tuple  # reference.definitions.Definition, each property runs once per each
     device: torch.device
     contract: str  # "correct" or "strict"
     sizes: str
@@ -268,23 +272,38 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
 
 def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     """The plan with torch's device and the loaded implementation; a usage error where either fails."""
+    from .. import sibling
     from .casefiles import ArtifactBudget
 
+    definitions = sibling("reference.definitions")
     option = config.option
     try:
+        chosen = definitions.select(option.definition, root=config.rootpath)
         device = confirm_device(option.device, plan.device) if plan.controller else resolve_device(plan.device)
         target = load_target(plan.spec, root=config.rootpath)
-    except (DeviceError, ImplSpecError) as error:
+        _check_serves(target, chosen)
+    except (DeviceError, ImplSpecError, definitions.DefinitionError) as error:
         where = "xdist worker on the run's device: " if plan.worker else ""
         raise pytest.UsageError(f"{where}{error}") from None
     report = option.run_report
     return RunState(
-        target=target, device=device, contract=plan.contract, sizes=plan.sizes, limits=profiles.CASE_SIZES[plan.sizes],
+        target=target, definitions=chosen, device=device, contract=plan.contract, sizes=plan.sizes,
+        limits=profiles.CASE_SIZES[plan.sizes],
         run_id=plan.run_id, failures_dir=config.rootpath / option.failures_dir,
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
         report_dir=None if report == "none" else config.rootpath / report / plan.run_id, worker=plan.worker,
         controller=plan.controller, claims_dir=plan.claims_dir,
     )
+
+
+def _check_serves(target: Target, chosen: tuple) -> None:
+    """A target without ``for_definition`` serves one definition; one with it is bound to each (a refusal is a
+    usage error now, not a failure of every test later)."""
+    if len(chosen) > 1 and not target.serves_several:
+        raise ImplSpecError(f"--impl={target.spec!r} declares no for_definition, so it serves one definition; "
+                            f"--definition names {len(chosen)}: name one")
+    for definition in chosen:
+        target.serving(definition)
 
 
 def _start(config: pytest.Config) -> SuiteRun:
@@ -343,6 +362,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     pipe = gpus.mps_control_pipe()
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
+            f"gqa-decode: definition={config.option.definition}",
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]
@@ -401,6 +421,21 @@ def contract(pytestconfig: pytest.Config) -> str:
 def impl(pytestconfig: pytest.Config) -> Callable:
     """The implementation under test (``--impl``): records its calls, draws its knobs, contains faults."""
     return _suite_run(pytestconfig).guarded_impl()
+
+
+@pytest.fixture(autouse=True)
+def suite_definition(request: pytest.FixtureRequest):
+    """The definition this test item runs under (a parameter where the run names several): cases are drawn and
+    built for it, and the implementation is bound to it, while the item runs."""
+    from .. import cases
+
+    run = request.config.stash.get(RUN, None)
+    definition = getattr(request, "param", None) or (run.definitions[0] if run is not None else None)
+    if definition is None:
+        yield None
+        return
+    with cases.using_definition(definition):
+        yield definition
 
 
 @pytest.fixture(autouse=True)

@@ -127,7 +127,13 @@ class SuiteRun:
     def guarded_impl(self) -> Callable:
         """The implementation under test as the ``impl`` fixture gives it: its calls recorded, its knobs drawn,
         its faults contained, its time counted as the kernel stage."""
-        function = _as_declared(self.state.target, self.knob_draws.applied_to(self.state.target.function))
+        target = self.state.target
+
+        @functools.wraps(target.function)
+        def in_active_definition(*args, **kwargs):
+            return target.serving(cases.active_definition())(*args, **kwargs)
+
+        function = _as_declared(target, self.knob_draws.applied_to(in_active_definition))
         return stages.timed("kernel", self.guard.wrap(function, self.recorder.note_call))
 
     # ---- session -------------------------------------------------------------------------------
@@ -160,7 +166,12 @@ class SuiteRun:
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         function = metafunc.function
-        if self.shard_count < 2 or not shards.is_property(function, metafunc.definition.path):
+        if not shards.is_property(function, metafunc.definition.path):
+            return
+        chosen = self.state.definitions
+        if len(chosen) > 1:
+            metafunc.parametrize("suite_definition", chosen, indirect=True, ids=[d.name for d in chosen])
+        if self.shard_count < 2:
             return
         if not shards.generates_examples(function):
             return

@@ -1,8 +1,12 @@
 """What is under test, and where: the ``--impl`` target, its declarations, and the device.
 
 A target is ``package.module:function`` or ``path/to/file.py:function``. The function
-has the contract's signature; it may declare, as attributes:
+takes the arguments of the run's definition, in its order (``Definition.arguments``); it
+may declare, as attributes:
 
+- ``for_definition(definition) -> callable``: it serves several definitions (other head
+  counts, page sizes); the suite calls it once per definition it runs and tests what it
+  returns. A target without it serves the one definition ``--definition`` names.
 - ``returns_lse = False``: it computes no final LSE and returns ``(output, None)``; the
   suite then checks the output alone and says so in the report.
 - ``knobs = {"name": (default, other, ...)}``: keyword arguments that change how it
@@ -22,6 +26,7 @@ it imports torch (``device_type``) and has torch confirm the choice afterwards
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -38,7 +43,7 @@ from . import gpus
 DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
 
 __all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "check_spec", "confirm_device", "device_type",
-           "load_impl", "load_target", "resolve_device"]
+           "in_definition_order", "load_impl", "load_target", "resolve_device"]
 
 
 class DeviceError(ValueError):
@@ -97,6 +102,19 @@ WAIVERS = {
 }
 
 
+def in_definition_order(function: Callable, definition: Any) -> Callable:
+    """``function`` (which takes ``definition``'s arguments in its order) called with the suite's order, in which
+    ``kv_last_page_len`` comes last (``cases.DecodeInputs``); keyword arguments (knobs) pass through."""
+
+    @functools.wraps(function)
+    def call(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, kv_last_page_len=None, **kwargs):
+        if definition.paged:
+            return function(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, **kwargs)
+        return function(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, **kwargs)
+
+    return call
+
+
 @dataclass(frozen=True)
 class Target:
     """The implementation under test and what it declares about itself."""
@@ -106,6 +124,28 @@ class Target:
     returns_lse: bool = True
     knobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     waives: frozenset[str] = frozenset()
+    _bound: dict[str, Callable] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def serves_several(self) -> bool:
+        """Whether it declares ``for_definition`` (and so can run under every definition it accepts)."""
+        return callable(getattr(self.function, "for_definition", None))
+
+    def serving(self, definition: Any) -> Callable:
+        """The callable that serves ``definition``, taking the suite's argument order (bound once per definition);
+        ``ImplSpecError`` when its ``for_definition`` refuses the definition or returns no callable."""
+        if definition.name not in self._bound:
+            function = self.function
+            if self.serves_several:
+                try:
+                    function = self.function.for_definition(definition)
+                except (ValueError, TypeError, NotImplementedError) as error:
+                    raise ImplSpecError(f"--impl={self.spec!r} does not serve {definition.name}: {error}") from None
+                if not callable(function):
+                    raise ImplSpecError(f"--impl={self.spec!r}: for_definition({definition.name}) returned "
+                                        f"{type(function).__name__}, not a callable")
+            self._bound[definition.name] = in_definition_order(function, definition)
+        return self._bound[definition.name]
 
     def declarations(self) -> list[str]:
         """What the target declares, in words, for report headers."""

@@ -13,11 +13,11 @@ import torch
 from .. import sibling
 
 reference = sibling("reference")
-Reference, GROUP, NUM_KV_HEADS = reference.Reference, reference.GROUP, reference.NUM_KV_HEADS
-NUM_QO_HEADS, HEAD_DIM = reference.NUM_QO_HEADS, reference.HEAD_DIM
+Reference = reference.Reference
 error_ratio = sibling("reference.compare").error_ratio
+token_lengths = sibling("reference.oracle").token_lengths
 
-__all__ = ["describe_layout", "describe_mismatch", "ratios", "ranges", "write_heatmap"]
+__all__ = ["describe_layout", "describe_mismatch", "ratios", "ranges", "sequence_lengths", "write_heatmap"]
 
 
 def ranges(values: list[int]) -> str:
@@ -32,9 +32,10 @@ def ranges(values: list[int]) -> str:
     return ", ".join(parts) if parts else "none"
 
 
-def _lengths(kv_indptr: torch.Tensor) -> list[int]:
-    bounds = kv_indptr.long().tolist()
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+def sequence_lengths(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor | None, page_size: int) -> list[int]:
+    """Tokens per sequence of a call (``kv_last_page_len`` None where pages hold one token)."""
+    lasts = None if kv_last_page_len is None else kv_last_page_len.long().tolist()
+    return token_lengths(kv_indptr.long().tolist(), lasts, page_size)
 
 
 def _lengths_in_words(lengths: list[int]) -> str:
@@ -77,14 +78,19 @@ def _memory_in_words(name: str, tensor: torch.Tensor) -> str:
            f", storage offset {tensor.storage_offset()} ({layout})"
 
 
-def describe_layout(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None) -> list[str]:
+def describe_layout(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, kv_last_page_len=None) -> list[str]:
     """The call in words: batch and lengths, pages, sharing, scale, memory layout, offsets, non-finite values."""
-    lengths = _lengths(kv_indptr)
+    page_size = k_cache.shape[1]
+    lengths = sequence_lengths(kv_indptr, kv_last_page_len, page_size)
     lines = [_lengths_in_words(lengths), *_pages_in_words(kv_indptr, kv_indices, k_cache.shape[0])]
-    lines.append(f"sm_scale {'default (1/sqrt(128))' if sm_scale is None else repr(sm_scale)}")
-    for name, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("kv_indptr", kv_indptr),
-                         ("kv_indices", kv_indices)):
-        lines.append(_memory_in_words(name, tensor))
+    if kv_last_page_len is not None:
+        lines.append(f"pages of {page_size} tokens; last pages hold {kv_last_page_len.tolist()[:16]} token(s)")
+    lines.append(f"sm_scale {f'default (1/sqrt({q.shape[-1]}))' if sm_scale is None else repr(sm_scale)}")
+    tensors = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("kv_indptr", kv_indptr),
+               ("kv_indices", kv_indices), ("kv_last_page_len", kv_last_page_len)]
+    for name, tensor in tensors:
+        if tensor is not None:
+            lines.append(_memory_in_words(name, tensor))
     if kv_indices.numel():
         furthest = k_cache.storage_offset() + int(kv_indices.long().max()) * k_cache.stride(0)
         if furthest >= 2**31:
@@ -99,14 +105,15 @@ def describe_layout(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None) -
 
 
 def ratios(output: torch.Tensor, lse: torch.Tensor, reference: Reference) -> tuple[torch.Tensor, torch.Tensor]:
-    """err / bound for output [B, 32, 128] and lse [B, 32], on the CPU (inf where NaN or the bound is 0)."""
+    """err / bound for output [B, H, D] and lse [B, H], on the CPU (inf where NaN or the bound is 0)."""
     _, output_ratio = error_ratio(output, reference.output, reference.output_bound)
     _, lse_ratio = error_ratio(lse, reference.lse, reference.lse_bound)
     return output_ratio.cpu(), lse_ratio.cpu()
 
 
-def _heads_in_words(heads: list[int]) -> str:
-    whole = [kv for kv in range(NUM_KV_HEADS) if all(h in heads for h in range(kv * GROUP, (kv + 1) * GROUP))]
+def _heads_in_words(heads: list[int], group: int) -> str:
+    kv_heads = max(heads, default=0) // group + 1
+    whole = [kv for kv in range(kv_heads) if all(h in heads for h in range(kv * group, (kv + 1) * group))]
     text = f"heads {ranges(heads)}"
     return text + (f" (all of KV head(s) {ranges(whole)})" if whole else "")
 
@@ -115,7 +122,7 @@ def _times(ratio: float) -> str:
     return f"{ratio:.3g}x the bound" if ratio != float("inf") else "the result must be exact here"
 
 
-def _sequence_lines(seq: int, length: int, out_ratio, lse_ratio, output, lse, reference) -> list[str]:
+def _sequence_lines(seq: int, length: int, group: int, out_ratio, lse_ratio, output, lse, reference) -> list[str]:
     lines = [f"seq {seq} ({length} tokens):"]
     off = out_ratio > 1
     if bool(off.any()):
@@ -123,9 +130,8 @@ def _sequence_lines(seq: int, length: int, out_ratio, lse_ratio, output, lse, re
         dims = sorted(set(torch.nonzero(off)[:, 1].tolist()))
         worst = int(out_ratio.argmax())
         head, dim = divmod(worst, out_ratio.shape[1])
-        lines.append(
-            f"  output: {int(off.sum())} of {off.numel()} elements off; {_heads_in_words(heads)}; dims {ranges(dims)}"
-        )
+        lines.append(f"  output: {int(off.sum())} of {off.numel()} elements off; {_heads_in_words(heads, group)}; "
+                     f"dims {ranges(dims)}")
         lines.append(
             f"    worst at head {head} dim {dim}: got {float(output[head, dim]):.6g}, expected "
             f"{float(reference.output[seq, head, dim]):.6g}, bound {float(reference.output_bound[seq, head, dim]):.3g}"
@@ -134,14 +140,16 @@ def _sequence_lines(seq: int, length: int, out_ratio, lse_ratio, output, lse, re
     lse_off = lse_ratio > 1
     if bool(lse_off.any()):
         head = int(lse_ratio.argmax())
-        lines.append(f"  lse: {_heads_in_words(sorted(torch.nonzero(lse_off)[:, 0].tolist()))} off; worst head {head}:"
-                     f" got {float(lse[head]):.6g}, expected {float(reference.lse[seq, head]):.6g}, bound "
-                     f"{float(reference.lse_bound[seq, head]):.3g} ({_times(float(lse_ratio[head]))})")
+        off_heads = _heads_in_words(sorted(torch.nonzero(lse_off)[:, 0].tolist()), group)
+        lines.append(f"  lse: {off_heads} off; worst head {head}: got {float(lse[head]):.6g}, expected "
+                     f"{float(reference.lse[seq, head]):.6g}, bound {float(reference.lse_bound[seq, head]):.3g} "
+                     f"({_times(float(lse_ratio[head]))})")
     return lines
 
 
-def describe_mismatch(output, lse, reference: Reference, kv_indptr) -> tuple[list[str], bool]:
-    """Per sequence: which heads and dims leave the bound and by how much; and whether any does."""
+def describe_mismatch(output, lse, reference: Reference, lengths: list[int], group: int) -> tuple[list[str], bool]:
+    """Per sequence (``lengths`` tokens each; ``group`` query heads per KV head): which heads and dims leave the
+    bound and by how much; and whether any does."""
     output, lse = output.detach().cpu(), lse.detach().cpu()
     reference = Reference(*(t.cpu() for t in reference))
     if output.shape != reference.output.shape or lse.shape != reference.lse.shape:
@@ -157,10 +165,10 @@ def describe_mismatch(output, lse, reference: Reference, kv_indptr) -> tuple[lis
     nan = int(torch.isnan(output.float()).sum()) + int(torch.isnan(lse).sum())
     if nan:
         lines.append(f"{nan} NaN value(s) in the result")
-    lengths = _lengths(kv_indptr)
     bad_sequences = [s for s in range(out_ratio.shape[0]) if bool((out_ratio[s] > 1).any() | (lse_ratio[s] > 1).any())]
     for seq in bad_sequences:
-        lines += _sequence_lines(seq, lengths[seq], out_ratio[seq], lse_ratio[seq], output[seq], lse[seq], reference)
+        lines += _sequence_lines(seq, lengths[seq], group, out_ratio[seq], lse_ratio[seq], output[seq], lse[seq],
+                                 reference)
     if bad_sequences:
         good = [s for s in range(out_ratio.shape[0]) if s not in bad_sequences]
         lines.append(f"sequences within bound: {ranges(good)}")
@@ -177,16 +185,16 @@ def write_heatmap(path: Path, out_ratio: torch.Tensor, lse_ratio: torch.Tensor, 
     def shown(ratio: torch.Tensor) -> torch.Tensor:
         return torch.log10(ratio.double().clamp(min=1e-4)).clamp(max=4.0).nan_to_num(4.0)
 
-    batch = out_ratio.shape[0]
+    batch, heads, dim = out_ratio.shape
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, max(4.0, min(0.25 * batch * 4, 24.0))),
                                          gridspec_kw={"width_ratios": [4, 1]})
     options = {"cmap": "RdYlBu_r", "vmin": -4.0, "vmax": 4.0, "aspect": "auto", "interpolation": "nearest"}
-    image = left.imshow(shown(out_ratio.reshape(batch * NUM_QO_HEADS, HEAD_DIM)).numpy(), **options)
+    image = left.imshow(shown(out_ratio.reshape(batch * heads, dim)).numpy(), **options)
     left.set_title("output: log10(err / bound)")
     left.set_xlabel("dim")
-    left.set_yticks([s * NUM_QO_HEADS for s in range(batch)], [f"seq {s}" for s in range(batch)])
+    left.set_yticks([s * heads for s in range(batch)], [f"seq {s}" for s in range(batch)])
     for s in range(1, batch):
-        left.axhline(s * NUM_QO_HEADS - 0.5, color="black", linewidth=0.5)
+        left.axhline(s * heads - 0.5, color="black", linewidth=0.5)
     right.imshow(shown(lse_ratio).numpy(), **options)
     right.set_title("lse: log10(err / bound)")
     right.set_xlabel("head")

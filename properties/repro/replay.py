@@ -42,6 +42,7 @@ def _header(payload: dict, device, impl_spec: str) -> list[str]:
     return [
         f"property : {payload['nodeid']}",
         f"case     : {payload.get('case_repr') or 'not built from a DecodeCase'}",
+        f"contract : {(payload.get('definition') or {}).get('name', 'gqa_paged_decode_h32_kv4_d128_ps1')}",
         f"found on : {payload['device_name']}, profile {payload['profile']}, "
         f"{payload['created']}",
         f"impl     : {payload['impl']}" + (f" (replaying {impl_spec})" if impl_spec != payload["impl"] else ""),
@@ -56,7 +57,7 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
     cannot rebuild it."""
     from .. import sibling
     from .._plugin.casefiles import CaseFileError, restore_call
-    from .diagnosis import describe_layout, describe_mismatch, ratios, write_heatmap
+    from .diagnosis import describe_layout, describe_mismatch, ratios, sequence_lengths, write_heatmap
 
     try:
         args, kwargs = restore_call(call, device, case)
@@ -71,8 +72,12 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
     except Exception as error:  # noqa: BLE001 - an implementation's exception is a finding, not a crash
         print(f"-- call {number}: the implementation raised {type(error).__name__}: {error}")
         return True
-    reference = sibling("reference").attend(*args, **{k: v for k, v in kwargs.items() if k == "sm_scale"})
-    lines, failed = describe_mismatch(output, lse, reference, kwargs.get("kv_indptr", args[3]))
+    known = dict(zip(("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale", "kv_last_page_len"), args))
+    known.update({k: v for k, v in kwargs.items() if k in ("sm_scale", "kv_last_page_len")})
+    reference = sibling("reference").attend(*args[:5], known.get("sm_scale"), known.get("kv_last_page_len"))
+    lengths = sequence_lengths(known["kv_indptr"], known.get("kv_last_page_len"), known["k_cache"].shape[1])
+    group = known["q"].shape[1] // known["k_cache"].shape[2]
+    lines, failed = describe_mismatch(output, lse, reference, lengths, group)
     print(f"-- call {number}: result against the float64 oracle")
     for line in lines:
         print(f"   {line}")
@@ -84,20 +89,33 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
     return failed
 
 
+def _replay_calls(calls: list[dict], options, impl, device, payload: dict, case) -> list[bool | None]:
+    results = []
+    for number, call in enumerate(calls):
+        png = None
+        if not options.no_png:
+            base = options.png or options.file.with_suffix("")
+            png = base.with_name(f"{base.stem}-call{number}.png") if len(calls) > 1 else base.with_suffix(".png")
+        results.append(_replay_call(number, call, impl, device, png, f"{payload['nodeid']} call {number}", case))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     """Replay a case file; see the module docstring for the exit status."""
     options = _parser().parse_args(argv)
-    from .._plugin.casefiles import CaseFileError, case_from_fields, load_case
+    from .._plugin.casefiles import CaseFileError, case_from_fields, definition_of, load_case
     from .._plugin.containment import is_sticky_cuda_error
-    from .._plugin.target import DeviceError, ImplSpecError, load_impl, resolve_device
+    from .._plugin.target import DeviceError, ImplSpecError, load_target, resolve_device
+    from ..cases import definitions, using_definition
 
     try:
         device = resolve_device(options.device)  # before any Triton kernel is imported
         payload = load_case(options.file)
+        definition = definition_of(payload)
         impl_spec = options.impl or payload["impl"]
-        impl = load_impl(impl_spec)
+        impl = load_target(impl_spec).serving(definition)
         case = case_from_fields(payload.get("case_fields"))
-    except (CaseFileError, DeviceError, ImplSpecError) as error:
+    except (CaseFileError, DeviceError, ImplSpecError, definitions.DefinitionError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for line in _header(payload, device, impl_spec):
@@ -107,14 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nno inputs were recorded for this failure; rerun the test: pytest "
               f"'{payload['nodeid']}' --hypothesis-profile=repro")
         return 3
-    results = []
     try:
-        for number, call in enumerate(calls):
-            png = None
-            if not options.no_png:
-                base = options.png or options.file.with_suffix("")
-                png = base.with_name(f"{base.stem}-call{number}.png") if len(calls) > 1 else base.with_suffix(".png")
-            results.append(_replay_call(number, call, impl, device, png, f"{payload['nodeid']} call {number}", case))
+        with using_definition(definition):  # built arguments rebuild under the definition they were found with
+            results = _replay_calls(calls, options, impl, device, payload, case)
     except RuntimeError as error:
         # A fault surfaces at the next synchronisation (the oracle, a read-back, the next call's build), outside
         # the implementation's call; the context is lost then, and the case has faulted again.
