@@ -50,6 +50,22 @@ def test_junk_in_unreferenced_pages_changes_nothing(impl, contract, device, case
     )
 
 
+@pytest.mark.paged
+@share_of_examples(0.5)
+@given(case=decode_cases(limits=SHORT, kv_layouts=KV_LAYOUTS), other_fill=st.sampled_from(POOL_FILLS))
+# One token in the last page: every other slot of it is junk.
+@example(case=DecodeCase(lengths=(65, 1), pool_fill="nan"), other_fill="noise")
+def test_junk_in_unused_slots_of_last_pages_changes_nothing(impl, contract, device, case, other_fill):
+    page_size = case.shape.page_size
+    assume(any(n % page_size for n in case.lengths))  # some last page is not full
+    other = replace(case, pool_fill=other_fill)
+    inputs = build(case, device)
+    assert_equivalent(
+        impl, contract, build(other, device), run_and_check(impl, inputs, f"case {case}")[:2],
+        f"case {case}; unused slots of last pages (and unreferenced pages) hold {other_fill}, not {case.pool_fill}",
+    )
+
+
 @share_of_examples(0.5)
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy, in the interpreter
 @given(case=decode_cases(limits=SHORT, min_batch=2), data=st.data())

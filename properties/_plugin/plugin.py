@@ -326,6 +326,7 @@ def _declarations(target: Target) -> list[str]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped when the kernel runs in the interpreter")
     config.addinivalue_line("markers", "strict: a claim of the strict tier only (--contract=strict)")
+    config.addinivalue_line("markers", "paged: a claim about pages of several tokens; skipped where pages hold one")
     config.addinivalue_line("markers", "empty_sequences: a claim about empty sequences; skipped for an "
                                        "implementation that waives empty_sequences")
     config.addinivalue_line("markers", "input_validation: a claim about calls the contract forbids; skipped "

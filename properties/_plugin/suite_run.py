@@ -161,6 +161,14 @@ class SuiteRun:
             for marker, reason in reasons.items():
                 if reason and marker in item.keywords:
                     item.add_marker(pytest.mark.skip(reason=reason))
+            if "paged" in item.keywords and not self._definition_of(item).paged:
+                item.add_marker(pytest.mark.skip(reason=f"pages of one token in {self._definition_of(item).name}"))
+
+    def _definition_of(self, item: pytest.Item):
+        """The definition ``item`` runs under: its parameter where the run names several, else the run's one."""
+        callspec = getattr(item, "callspec", None)
+        chosen = callspec.params.get("suite_definition") if callspec is not None else None
+        return chosen or self.state.definitions[0]
 
     # ---- shards --------------------------------------------------------------------------------
 
