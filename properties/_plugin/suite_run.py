@@ -360,7 +360,9 @@ class SuiteRun:
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         state = self.state
-        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}")
+        names = ", ".join(d.name for d in state.definitions)
+        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}, "
+                                        f"definition {names}")
         for said in state.target.declarations():
             terminalreporter.write_line(f"declared by the implementation: {said}")
         saved = casefiles.runs_index(state.failures_dir, state.run_id)
