@@ -31,7 +31,7 @@ process and counting the tests alone (first test to last, without the start-up).
 Targets (issue 12): 500 examples/s per H200 with the plain ``-n auto
 --hypothesis-profile=gpu``, 1.9x on two. Both modes print a table and, with ``--out``,
 write it as JSON. ``scaling`` measures whatever GPU sharing the machine has: time-sliced
-by default, side by side when an MPS daemon runs (README).
+by default, side by side when an MPS daemon runs (docs/workers.md).
 
 ``startup`` runs ``pytest properties -n WORKERS`` ``--repeat`` times with
 ``benchmarks/startup_probe.py`` loaded and a single quick property selected (``--select``,
