@@ -230,6 +230,17 @@ def running_example() -> object | None:
     return None if getattr(context.data, "max_choices", None) == 0 else context
 
 
+def final_example() -> bool:
+    """Whether the running example is one Hypothesis reports (an explicit ``@example``, or the shrunk failure
+    run once more at the end), not one of the search or the shrink."""
+    from hypothesis.control import current_build_context
+
+    try:
+        return bool(current_build_context().is_final)
+    except Exception:  # noqa: BLE001 - outside a Hypothesis test
+        return False
+
+
 def example_targets() -> dict[str, float]:
     """The ``target()`` scores the running example reported so far, by label (empty outside an example)."""
     example = running_example()

@@ -8,20 +8,24 @@ controller, once its workers are starting (that process imports torch and the im
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from hypothesis.errors import HypothesisException
 
 from .. import cases, stages
-from . import casefiles, gpus, knobs, mps, run_report, shards
+from . import casefiles, causes, gpus, knobs, mps, run_report, shards
 from .containment import CudaContextLost, Guard, is_sticky_cuda_error
 from .target import WAIVERS, Target
 
@@ -30,7 +34,33 @@ if TYPE_CHECKING:
 
 INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
 
-__all__ = ["INFRASTRUCTURE", "SuiteRun"]
+__all__ = ["INFRASTRUCTURE", "SuiteRun", "release_frames"]
+
+
+def release_frames(error: BaseException | None) -> None:
+    """Clear the locals of the finished frames in ``error``'s traceback and in the errors chained to it.
+
+    A failing example's traceback holds its frames, and they hold its tensors: Hypothesis keeps the exception
+    of every failing example it meets while shrinking (in its cache of results), so without this each
+    shrink step's page pool stayed alive. Frames still running are left alone (``traceback.clear_frames``).
+    """
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        pending += [error.__cause__, error.__context__]
+
+
+@dataclass(frozen=True)
+class _SeenFailure:
+    """An item's last failing example: the recorder as it stood then, and the error in one line."""
+
+    record: casefiles.Recorder
+    error: str
 
 
 def _infrastructure_error(report: pytest.TestReport) -> bool:
@@ -112,6 +142,10 @@ class SuiteRun:
         self.mps_pipe = gpus.mps_control_pipe()
         self.crashes: dict[str, str | None] = {}  # crashes under MPS this process reports: node id -> case file
         self.replays: list[mps.Replay] = []
+        self.failed_nodeids: list[str] = []  # every failing item this process heard of (its own, or its workers')
+        self.causes: dict | None = None  # the run's failures grouped into root causes (``causes``)
+        self.probing = False  # replaying claims after the run: a fault then saves no case file
+        self.seen_failure: _SeenFailure | None = None  # the running item's last failing example
         cases.add_build_observer(self.recorder.note_build)
         # What each test item builds, how far it got and where its time went.
         synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
@@ -195,15 +229,34 @@ class SuiteRun:
         sharded = callspec is not None and "hypothesis_shard" in callspec.params
         if sharded:
             shards.share_database_key(item)
-        with shards.wrapping_examples(item, self.counter.counting), \
+        with shards.wrapping_examples(item, self.remembering), shards.wrapping_examples(item, self.counter.counting), \
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.guard.shielding):
             yield
+
+    def remembering(self, example: Callable) -> Callable:
+        """``example`` (one Hypothesis example) that, when it fails, remembers it (the smallest failure seen so far,
+        should the suite run out of memory later in the shrink) and, unless Hypothesis is about to report it,
+        releases the tensors its traceback holds before the next example is built."""
+
+        @functools.wraps(example)
+        def remembered(*args, **kwargs):
+            try:
+                return example(*args, **kwargs)
+            except Exception as error:
+                if not isinstance(error, HypothesisException):
+                    self.seen_failure = _SeenFailure(copy.copy(self.recorder), f"{type(error).__name__}: {error}")
+                if not shards.final_example():
+                    release_frames(error)
+                raise
+
+        return remembered
 
     # ---- one test ------------------------------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.seen_failure = None
         self.recorder.begin(item.nodeid)
         self.counter.begin(item.nodeid)
         self.started[item.nodeid] = time.perf_counter()
@@ -213,10 +266,14 @@ class SuiteRun:
         outcome = yield
         report = outcome.get_result()
         if call.when == "call" and report.failed and call.excinfo.errisinstance(cases.SuiteOutOfMemory):
-            # The suite's own allocation, not the kernel: an infrastructure error, no case file.
-            report.user_properties.append((INFRASTRUCTURE, call.excinfo.exconly()))
+            if self.seen_failure is not None:  # a failure came first: it is what the user sees, with its case file
+                self._report_seen_failure(item, call, report)
+            else:  # the suite's own allocation, not the kernel: an infrastructure error, no case file
+                report.user_properties.append((INFRASTRUCTURE, call.excinfo.exconly()))
         elif call.when == "call" and report.failed:
             self._record_failure(item, call, report)
+        if call.excinfo is not None and not self.config.getoption("usepdb", False):
+            release_frames(call.excinfo.value)  # reported: its tensors (pytest keeps it as sys.last_value) can go
         if report.skipped or call.when == "call":
             self.outcomes.setdefault(item.nodeid, {}).update(outcome=_outcome(report))
         if call.when == "teardown" and self.state.report_dir is not None and shards.is_property(
@@ -245,16 +302,30 @@ class SuiteRun:
         if sticky:
             _stop_session(item)
 
+    def _report_seen_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
+        """The item's last failing example as its failure, saved as a case file, where the suite ran out of memory
+        while Hypothesis was shrinking it: an infrastructure error never hides a failure seen first."""
+        seen = self.seen_failure
+        stopped = call.excinfo.exconly().splitlines()[0]
+        text = (f"{seen.error}\n\nThe failing example found last, {seen.record.case}, is the smallest one seen: "
+                f"Hypothesis was shrinking it when the suite could not allocate a case's inputs ({stopped}).")
+        path = self._save_case(seen.error, text, record=seen.record)
+        self.outcomes[item.nodeid] = {"case_file": path, "error": seen.error}
+        report.longrepr = text
+        shown = f"{path}\nreplay: {casefiles.replay_command(path)}" if path else self._budget_note()
+        report.sections.append(("gqa-decode case file", shown))
+
     def _budget_note(self) -> str:
         return (f"not saved: the run's case files reached --failures-budget="
                 f"{self.state.failures_budget.max_bytes // 2**20} MB")
 
-    def _save_case(self, error: str, hypothesis_output: str = "", device_readable: bool = True) -> Path | None:
+    def _save_case(self, error: str, hypothesis_output: str = "", device_readable: bool = True,
+                   record: casefiles.Recorder | None = None) -> Path | None:
         state = self.state
         if not state.failures_budget.allows(state.failures_dir, state.run_id):
             return None
         return casefiles.save_case(
-            state.failures_dir, self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
+            state.failures_dir, record or self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
             profile=shards.profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
             device_readable=device_readable,
         )
@@ -263,6 +334,8 @@ class SuiteRun:
         """The crashing shard claims its property (its siblings stop instead of crashing too) and saves the
         case; None when a sibling crashed first and reports it."""
         nodeid = self.recorder.nodeid or ""
+        if self.probing:  # a probe of the run's causes: its case file is the failure's own, saved already
+            return None
         prop = shards.property_name(nodeid)
         if not self.claims.claim(prop, nodeid) and self.claims.owner(prop) != nodeid:
             return None
@@ -309,6 +382,33 @@ class SuiteRun:
 
     # ---- the end -------------------------------------------------------------------------------
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Note every failing property this process hears of (its own items, or its xdist workers')."""
+        if report.failed and report.when in ("call", "???") and not _infrastructure_error(report) \
+                and shards.in_suite(self.config.rootpath / report.location[0]):
+            self.failed_nodeids.append(report.nodeid)
+
+    def _find_causes(self) -> dict | None:
+        """The run's failures grouped into root causes by probing (``causes``), in the process that reports the
+        run; None when nothing failed. No probes once the CUDA context is lost."""
+        state = self.state
+        failures = causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.run_id),
+                                          self.failed_nodeids)
+        if not failures:
+            return None
+        from .. import claims
+
+        release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
+        prober = causes.Prober(self.guarded_impl(), state.device, state.contract, claims.claim_for, release=release)
+        if self.guard.lost is not None:
+            prober.stopped = "the CUDA context was lost in this process"
+        self.probing = True
+        try:
+            found = causes.find_causes(failures, prober)
+        finally:
+            self.probing = False
+        return causes.as_json(found, prober)
+
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         """The xdist controller's first property started on a worker: warm the run report's plotting up in a
         thread, while the controller idles, rather than after the last test (``run_report.warm_up``)."""
@@ -351,11 +451,16 @@ class SuiteRun:
     def _write_report(self) -> None:
         if self.report_warm_up is not None:
             self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
+        if self.state.worker:
+            return
+        self.causes = self._find_causes()
         directory = self.state.report_dir
-        if self.state.worker or directory is None or not directory.is_dir():
+        if directory is None or not directory.is_dir():
             return
         if self.mps_pipe:
             mps.save(directory, self.mps_pipe, self.replays)
+        if self.causes is not None:
+            causes.save(directory, self.causes)
         self.report_path = run_report.write_report(directory, self.state.run_id)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -365,6 +470,11 @@ class SuiteRun:
                                         f"definition {names}")
         for said in state.target.declarations():
             terminalreporter.write_line(f"declared by the implementation: {said}")
+        found = causes.summary_lines(self.causes)
+        if found:
+            terminalreporter.write_sep("=", f"gqa-decode: {found[0]} (root causes, grouped by probing)")
+            for line in found[1:]:
+                terminalreporter.write_line(line)
         saved = casefiles.runs_index(state.failures_dir, state.run_id)
         if saved:
             terminalreporter.write_sep("=", "gqa-decode: failures saved as case files")

@@ -1,0 +1,422 @@
+"""Root causes: the run's failing properties grouped by what their minimal cases need, found by experiment.
+
+A kernel wrong in one way fails many properties, each with its own shrunk case. After the
+run (in the process that writes the run report) each failing property's case file gives
+its minimal ``DecodeCase``; the claims of ``properties/claims.py`` are replayed on cases
+("probes"), through the suite's own guarded implementation:
+
+1. The simplest failing case not yet explained becomes a representative; its own claim must
+   fail on it again (else it stays a cause of its own, "not reproduced by its probe").
+2. One descriptor field at a time moves toward its default (``DEFAULTS``): a field whose
+   default makes the failure go away is one the failure needs. A needed scale, length or
+   pool is then described by its class ("scale <= 0", "an empty sequence", "page ids >=
+   2^22"), confirmed with one more member of the class where one is at hand; fields that
+   are not needed are said to be free ("any length" once a longer batch fails too).
+3. Another failing property joins the cause when its own minimal case has what the cause
+   needs and either the representative's case breaks its claim, or its own case stops
+   failing once the needed fields go to their defaults.
+
+Every probe counts against one budget (``Budget``: 40 probes, 60 s); what was tried is
+kept and reported. Crashed properties are not probed (a fault would poison this process's
+CUDA context) and properties without a case file cannot be; each is a cause of its own.
+Properties stay separate pytest items: this is a report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .casefiles import CaseFileError, case_from_fields, load_case, replay_command
+from .containment import CudaContextLost, is_sticky_cuda_error
+from .shards import property_name
+
+__all__ = [
+    "Budget", "Cause", "Failure", "Prober", "as_json", "failures_of_run", "find_causes", "load", "save", "short_case",
+    "summary_lines",
+]
+
+FILE_NAME = "causes.json"
+PAGE_ID_LIMIT = 2**22  # page_id * 512 (the plain pool's page stride) passes 2**31 from here
+BLOCK = 128  # tokens per block of the usual decode kernels: a longer sequence needs a second block
+
+# Where each field of a DecodeCase moves when a probe asks whether the failure needs it.
+DEFAULTS: dict[str, Any] = {
+    "lengths": (1,), "scale": None, "values": "normal", "page_layout": "shuffled", "spare_pages": 0,
+    "pool_fill": "nan", "q_layout": "contiguous", "kv_layout": "separate", "index_layout": "int32", "seed": 0,
+}
+LONGER = (3, BLOCK + 2)  # lengths tried when a one-token failure may not need its lengths
+FREE_WORDS = {"lengths": "any length", "scale": "any scale"}  # a field shown not to matter, in words
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failing property as the run saw it: its shard's node id, case file and first error line."""
+
+    nodeid: str
+    case_file: str | None = None
+    error: str = ""
+    crashed: bool = False
+    case: Any = None  # the DecodeCase its case file describes, if any
+
+    @property
+    def prop(self) -> str:
+        return property_name(self.nodeid)
+
+    @property
+    def probeable(self) -> bool:
+        return self.case is not None and not self.crashed
+
+
+@dataclass
+class Budget:
+    """At most ``probes`` replays and ``seconds`` of them in all."""
+
+    probes: int = 40
+    seconds: float = 60.0
+    used: int = 0
+    spent: float = 0.0
+
+    def left(self) -> bool:
+        return self.used < self.probes and self.spent < self.seconds
+
+
+@dataclass
+class Prober:
+    """Replays claims on cases through ``impl`` (the suite's guarded implementation), within ``budget``.
+
+    ``claim_for(prop)`` gives a property's claim (``properties.claims``); ``release`` frees what a probe left
+    (the device's cached memory). ``tried`` lists every probe in words.
+    """
+
+    impl: Callable
+    device: Any
+    contract: str
+    claim_for: Callable[[str], Callable]
+    budget: Budget = field(default_factory=Budget)
+    release: Callable[[], None] = lambda: None
+    tried: list[str] = field(default_factory=list)
+    stopped: str | None = None  # why probing ended early (budget, a lost CUDA context)
+
+    def fails(self, prop: str, case: Any) -> bool | None:
+        """Whether ``prop``'s claim fails on ``case``; None when the probe could not decide (budget spent, the
+        suite out of memory, the context lost)."""
+        from ..cases import SuiteOutOfMemory
+
+        if self.stopped or not self.budget.left():
+            self.stopped = self.stopped or (f"budget spent ({self.budget.used} probes, "
+                                            f"{self.budget.spent:.1f} s)")
+            return None
+        start, verdict = time.perf_counter(), None
+        try:
+            self.claim_for(prop)(self.impl, case, self.device, self.contract)
+            verdict = False
+        except (SuiteOutOfMemory, MemoryError) as error:
+            self.tried.append(f"{_short(prop)} on {short_case(case)}: undecided, {type(error).__name__}")
+        except CudaContextLost as error:
+            self.stopped = f"the CUDA context was lost: {str(error).splitlines()[0]}"
+        except Exception as error:  # noqa: BLE001 - any failure of the claim is the answer sought
+            if is_sticky_cuda_error(error):
+                self.stopped = f"the CUDA context was lost: {str(error).splitlines()[0]}"
+            else:
+                verdict = True
+            traceback.clear_frames(error.__traceback__)  # the frames hold the probe's tensors
+        finally:
+            self.budget.used += 1
+            self.budget.spent += time.perf_counter() - start
+            gc.collect()
+            with contextlib.suppress(Exception):
+                self.release()
+        if verdict is not None:
+            self.tried.append(f"{_short(prop)} on {short_case(case)}: {'fails' if verdict else 'passes'}")
+        return verdict
+
+
+@dataclass
+class Cause:
+    """One distinct failure: what its minimal cases need, one representative and the properties it broke."""
+
+    representative: Failure
+    needs: list[str] = field(default_factory=list)  # "scale <= 0", "kv_layout dim_outer"
+    free: list[str] = field(default_factory=list)  # "any length", "any seed"
+    members: list[tuple[Failure, str]] = field(default_factory=list)  # another property, and why it joined
+    note: str = ""  # why this cause was not probed or not grouped
+
+    @property
+    def summary(self) -> str:
+        if self.note and not self.needs and not self.free:
+            return self.note
+        said = self.needs or ["any case (fails with each field it varies at its default)"]
+        return ", ".join(said + self.free)
+
+    @property
+    def properties(self) -> list[str]:
+        return [self.representative.prop, *(member.prop for member, _ in self.members)]
+
+    def to_json(self) -> dict:
+        rep = self.representative
+        return {
+            "summary": self.summary, "needs": self.needs, "free": self.free, "note": self.note,
+            "properties": self.properties,
+            "representative": _failure_json(rep),
+            "members": [{**_failure_json(member), "joined": why} for member, why in self.members],
+        }
+
+
+def _failure_json(failure: Failure) -> dict:
+    return {"property": failure.prop, "nodeid": failure.nodeid, "case": short_case(failure.case),
+            "definition": getattr(failure.case, "definition", None), "case_file": failure.case_file,
+            "replay": replay_command(failure.case_file) if failure.case_file else None, "error": failure.error,
+            "crashed": failure.crashed}
+
+
+# ---- words ----------------------------------------------------------------------------------
+
+
+def _short(prop: str) -> str:
+    return prop.rpartition("::")[2]
+
+
+def short_case(case: Any) -> str:
+    """A case as its fields other than the defaults: ``DecodeCase(lengths=(1,), scale=0.0)``."""
+    if case is None:
+        return "no case descriptor"
+    if not dataclasses.is_dataclass(case):
+        return repr(case)
+    shown = [f"lengths={case.lengths!r}"] + [
+        f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
+        if f.name != "lengths" and getattr(case, f.name) != f.default]
+    return f"{type(case).__name__}({', '.join(shown)})"
+
+
+def _pool_pages(case: Any) -> int:
+    return sum(case.lengths) + case.spare_pages
+
+
+def _length_features(lengths: tuple[int, ...]) -> list[str]:
+    features = []
+    if 0 in lengths:
+        features.append("an empty sequence")
+    if len(lengths) >= 2:
+        features.append("batch >= 2")
+    if max(lengths, default=0) > BLOCK:
+        features.append(f"a sequence longer than {BLOCK} tokens")
+    elif max(lengths, default=0) >= 2:
+        features.append("a sequence of 2 or more tokens")
+    if not lengths:
+        features.append("batch 0")
+    return features
+
+
+def _scale_class(scale: float | None) -> tuple[str, Callable[[Any], bool], float | None]:
+    """A needed scale's class in words, its membership test, and another member to confirm it with."""
+    if scale is None:
+        return "the default scale", lambda s: s is None, None
+    if scale <= 0:
+        return "scale <= 0", lambda s: s is not None and s <= 0, -0.5 if scale == 0 else 0.0
+    if scale < 1e-3:
+        return "scale < 1e-3", lambda s: s is not None and 0 < s < 1e-3, 1e-6 if scale != 1e-6 else 1e-5
+    if scale > 1:
+        return "scale > 1", lambda s: s is not None and s > 1, 8.0 if scale != 8.0 else 16.0
+    return f"scale {scale!r}", lambda s: s == scale, None
+
+
+# ---- the experiment -------------------------------------------------------------------------
+
+
+@dataclass
+class _Needed:
+    """What a representative's failure needs: per field, words and a test on another case."""
+
+    words: list[str] = field(default_factory=list)
+    free: list[str] = field(default_factory=list)
+    tests: dict[str, Callable[[Any], bool]] = field(default_factory=dict)  # field -> does a case have it
+
+    def holds_for(self, case: Any) -> bool:
+        return all(test(case) for test in self.tests.values())
+
+
+def _vary(prober: Prober, rep: Failure) -> _Needed:
+    """Move each field of the representative's case toward its default, one at a time."""
+    case, needed = rep.case, _Needed()
+    for name, default in DEFAULTS.items():
+        value = getattr(case, name)
+        if value == default:
+            continue
+        verdict = prober.fails(rep.prop, replace(case, **{name: default}))
+        if verdict is None:
+            needed.free.append(f"{name} untested")
+            continue
+        if verdict:
+            if name in FREE_WORDS:
+                needed.free.append(FREE_WORDS[name])
+            continue
+        _describe_needed(prober, rep, name, value, needed)
+    if case.lengths == DEFAULTS["lengths"]:  # one token: does a longer batch fail too?
+        verdict = prober.fails(rep.prop, replace(case, lengths=LONGER))
+        if verdict:
+            needed.free.append(FREE_WORDS["lengths"])
+        elif verdict is False:
+            needed.words.append(f"lengths {case.lengths!r} (lengths {LONGER!r} pass)")
+            needed.tests["lengths"] = lambda c, n=case.lengths: c.lengths == n
+    return needed
+
+
+def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed: _Needed) -> None:
+    case = rep.case
+    if name == "scale":
+        words, test, other = _scale_class(value)
+        if other is not None and prober.fails(rep.prop, replace(case, scale=other)) is False:
+            words, test = f"scale {value!r} (scale {other!r} passes)", (lambda s, v=value: s == v)
+        needed.words.append(words)
+        needed.tests["scale"] = lambda c, t=test: t(c.scale)
+    elif name == "lengths":
+        features = _length_features(value)
+        needed.words.append(" and ".join(features) or f"lengths {value!r}")
+        needed.tests["lengths"] = lambda c, f=tuple(features): set(f) <= set(_length_features(c.lengths))
+    elif name == "spare_pages" and _pool_pages(case) > PAGE_ID_LIMIT:
+        needed.words.append(f"page ids >= 2^22 (a pool of {_pool_pages(case):,} pages)")
+        needed.tests["spare_pages"] = lambda c: _pool_pages(c) > PAGE_ID_LIMIT
+    elif name == "spare_pages":
+        needed.words.append("pages no sequence references")
+        needed.tests["spare_pages"] = lambda c: c.spare_pages > 0
+    elif name == "seed":
+        needed.words.append(f"these values (seed {value}; seed 0 passes)")
+        needed.tests["seed"] = lambda c, v=value: c.seed == v
+    else:
+        needed.words.append(f"{name} {value}")
+        needed.tests[name] = lambda c, n=name, v=value: getattr(c, n) == v
+
+
+def _toward_defaults(case: Any, needed: _Needed) -> Any:
+    return replace(case, **{name: DEFAULTS[name] for name in needed.tests})
+
+
+def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str | None:
+    """Why ``other`` belongs to the representative's cause, or None."""
+    if not needed.holds_for(other.case):
+        return None
+    if prober.fails(other.prop, rep.case):
+        return "the representative's case fails its check too"
+    if needed.tests and prober.fails(other.prop, _toward_defaults(other.case, needed)) is False \
+            and prober.fails(other.prop, other.case):
+        return f"its own case passes once {', '.join(needed.tests)} go to the default"
+    return None
+
+
+def _simplicity(failure: Failure) -> tuple:
+    case = failure.case
+    changed = sum(getattr(case, name) != default for name, default in DEFAULTS.items() if name != "seed")
+    return (changed, _pool_pages(case), sum(case.lengths), len(case.lengths), failure.prop)
+
+
+def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
+    """Group ``failures`` into causes by probing (see the module docstring); the causes in the order found:
+    those probed first (simplest representative first), then crashes and failures without a case."""
+    causes: list[Cause] = []
+    waiting = sorted((f for f in failures if f.probeable), key=_simplicity)
+    while waiting:
+        rep, rest = waiting[0], waiting[1:]
+        reproduced = prober.fails(rep.prop, rep.case)
+        if not reproduced:
+            note = ("its own check passed on its case when probed (the property relates several calls or draws "
+                    "beyond the case)" if reproduced is False else f"not probed: {prober.stopped}")
+            causes.append(Cause(rep, note=note))
+            waiting = rest
+            continue
+        needed = _vary(prober, rep)
+        cause = Cause(rep, needs=needed.words, free=needed.free)
+        waiting = []
+        for other in rest:
+            why = _joins(prober, rep, needed, other) if not prober.stopped else None
+            if why:
+                cause.members.append((other, why))
+            else:
+                waiting.append(other)
+        causes.append(cause)
+    for failure in failures:
+        if failure.crashed:
+            causes.append(Cause(failure, note="crashed: not probed (a fault poisons the probing process's CUDA "
+                                              "context)"))
+        elif failure.case is None:
+            causes.append(Cause(failure, note="no case descriptor to probe: "
+                                              + ("no case file" if not failure.case_file else "not a DecodeCase")))
+    return causes
+
+
+# ---- the run's failures, and the file -------------------------------------------------------
+
+
+def failures_of_run(index: list[dict], failed_nodeids: list[str]) -> list[Failure]:
+    """One ``Failure`` per failing property: its case file from the run's index (``casefiles.runs_index``),
+    else the failing node id alone."""
+    failures, seen = [], set()
+    for entry in index:
+        prop = property_name(entry["nodeid"])
+        if prop in seen:
+            continue
+        seen.add(prop)
+        try:
+            payload = load_case(entry["path"])
+            case = case_from_fields(payload.get("case_fields"))
+        except (CaseFileError, TypeError):
+            payload, case = {}, None
+        error = entry.get("error") or (payload.get("error") or "").partition("\n")[0]
+        failures.append(Failure(entry["nodeid"], entry["path"], error,
+                                crashed=is_sticky_cuda_error(RuntimeError(error)), case=case))
+    for nodeid in failed_nodeids:
+        if property_name(nodeid) not in seen:
+            seen.add(property_name(nodeid))
+            failures.append(Failure(nodeid))
+    return failures
+
+
+def as_json(causes: list[Cause], prober: Prober) -> dict:
+    """The causes and the probes tried, as ``causes.json`` holds them (and ``summary_lines`` reads them)."""
+    budget = prober.budget
+    return {"causes": [cause.to_json() for cause in causes],
+            "probes": {"tried": prober.tried, "used": budget.used, "limit": budget.probes,
+                       "seconds": round(budget.spent, 2), "seconds_limit": budget.seconds, "stopped": prober.stopped}}
+
+
+def save(directory: Path, saved: dict) -> None:
+    """Write ``causes.json`` (``as_json``) into the run report's directory."""
+    (directory / FILE_NAME).write_text(json.dumps(saved, indent=1), encoding="utf-8")
+
+
+def load(directory: Path) -> dict | None:
+    """What ``save`` wrote, or None."""
+    path = directory / FILE_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def summary_lines(saved: dict | None) -> list[str]:
+    """The causes in words, for the terminal summary and report.md: 'N distinct failures', then each cause:
+    what its minimal cases need, its representative with case file and replay command, the properties."""
+    if not saved or not saved["causes"]:
+        return []
+    causes = saved["causes"]
+    lines = [f"{len(causes)} distinct failure{'s' if len(causes) != 1 else ''}"]
+    for number, cause in enumerate(causes, 1):
+        rep = cause["representative"]
+        lines.append(f"{number}. {cause['summary']}: {len(cause['properties'])} propert"
+                     f"{'y' if len(cause['properties']) == 1 else 'ies'}")
+        lines.append(f"   case: {rep['case']}" + (f" (definition {rep['definition']})" if rep["definition"] else ""))
+        if rep["case_file"]:
+            lines += [f"   case file: {rep['case_file']}", f"   replay: {rep['replay']}"]
+        if rep["error"]:
+            lines.append(f"   error: {rep['error'][:200]}")
+        lines += [f"   - {prop}" for prop in cause["properties"]]
+    probes = saved["probes"]
+    lines.append(f"(grouped by {probes['used']} probes of at most {probes['limit']}, {probes['seconds']} s of "
+                 f"{probes['seconds_limit']} s" + (f"; stopped: {probes['stopped']}" if probes["stopped"] else "")
+                 + ")")
+    return lines
