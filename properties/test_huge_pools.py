@@ -43,10 +43,15 @@ pytestmark = pytest.mark.gpu
 def test_page_ids_beyond_2_to_the_22_give_the_right_answer(impl, device, large_allocation, case):
     case = as_deep_in_the_active_definition(case)
     with large_allocation():  # up to ~20 GB per example: one such example per GPU at a time
-        inputs = build(case, device)
-        note(f"largest page id {int(inputs.kv_indices.max()) if inputs.kv_indices.numel() else None}")
-        run_and_check(impl, inputs, f"case {case}")
-        del inputs  # freed before the next worker's turn
+        _check_huge(impl, case, device)
+
+
+def _check_huge(impl, case: DecodeCase, device) -> None:
+    """Build and check in a frame of its own: its tensors go when it returns, or, when it fails, when
+    ``large_allocation`` clears its traceback's frames (before the next worker's turn, not after the shrink)."""
+    inputs = build(case, device)
+    note(f"largest page id {int(inputs.kv_indices.max()) if inputs.kv_indices.numel() else None}")
+    run_and_check(impl, inputs, f"case {case}")
 
 
 def as_deep_in_the_active_definition(case: DecodeCase) -> DecodeCase:

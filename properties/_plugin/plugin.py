@@ -464,15 +464,22 @@ def cuda_context_check(pytestconfig: pytest.Config):
 @pytest.fixture(scope="session")  # stateless, and Hypothesis refuses function-scoped fixtures
 def large_allocation():
     """A context for one example that allocates a large share of GPU memory (huge page pools): waits for
-    this GPU's turn among the workers sharing it, then frees the cached memory for the next worker."""
+    this GPU's turn among the workers sharing it, then frees the cached memory for the next worker. The
+    example's tensors must live in frames that have returned by then (a function the block calls): a
+    failure's traceback keeps those frames, whose locals are cleared here before the cache is emptied."""
 
     import torch
+
+    from .suite_run import release_frames
 
     @contextlib.contextmanager
     def turn():
         with gpus.memory_turn(PIN):
             try:
                 yield
+            except BaseException as error:
+                release_frames(error)
+                raise
             finally:
                 with contextlib.suppress(RuntimeError):  # a lost context must not replace the test's own error
                     torch.cuda.empty_cache()

@@ -1,0 +1,139 @@
+"""Root causes: failures grouped by what their minimal cases need, learned by probing (properties/_plugin/causes.py).
+
+In-process tests drive the experiment with torch implementations on tiny cases; one nested run puts the
+planted one-defect kernel (tests/impls/nonpositive_scale_nan.py) through the suite and reads its summary.
+"""
+
+import json
+
+import pytest
+import torch
+
+from properties import claims
+from properties._plugin import causes
+from properties._plugin.causes import Budget, Failure, Prober, find_causes
+from properties.cases import DecodeCase
+from tests.impls.nonpositive_scale_nan import run as nonpositive_scale_nan
+from tests.pytest_runs import clean_environment, run_pytest
+
+DECODE = "properties/test_decode.py::"
+BOUND = DECODE + "test_output_and_lse_within_error_bound"
+EMPTIES = DECODE + "test_empty_sequences_give_zero_output_and_negative_infinite_lse"
+SCALES = "properties/test_hostile_values.py::test_tiny_and_huge_scales_stay_within_error_bound"
+LAYOUTS = "properties/test_layouts.py::test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error"
+UNCHANGED = "properties/test_metamorphic.py::test_inputs_are_left_unchanged"
+
+
+def two_defects(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+    """Wrong for a scale <= 0 (NaN) and, apart from that, for K with a head-dim stride other than 1."""
+    output, lse = nonpositive_scale_nan(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+    if k_cache.stride(-1) != 1:
+        output = output + 1.0
+    return output, lse
+
+
+def _failures():
+    return [
+        Failure(f"{LAYOUTS}[dim_outer-shard1of2]", "b.pt", "AssertionError", case=DecodeCase(
+            lengths=(2,), kv_layout="dim_outer", seed=5)),
+        Failure(BOUND, "a.pt", "AssertionError", case=DecodeCase(lengths=(1,), scale=0.0)),
+        Failure(EMPTIES, "c.pt", "AssertionError", case=DecodeCase(lengths=(0,), scale=-1e-6)),
+        Failure(f"{SCALES}[shard2of2]", "d.pt", "AssertionError", case=DecodeCase(
+            lengths=(2,), scale=-1e-6, values="constant_keys", seed=3)),
+        Failure("properties/test_edge_shapes.py::test_batch_zero_gives_empty_results", "e.pt",
+                "RuntimeError: CUDA error: an illegal memory access was encountered", crashed=True,
+                case=DecodeCase(lengths=())),
+        Failure("properties/test_precision.py::test_long_sequences_within_error_bound[normal]"),
+    ]
+
+
+def _prober(impl, **budget):
+    return Prober(impl, torch.device("cpu"), "correct", claims.claim_for, budget=Budget(**budget))
+
+
+def test_one_defect_seen_by_several_properties_is_one_cause():
+    failures = [f for f in _failures() if f.case is not None and f.case.kv_layout == "separate" and not f.crashed]
+    prober = _prober(nonpositive_scale_nan)
+    (cause,) = find_causes(failures, prober)
+    assert cause.representative.prop == BOUND  # the simplest minimal case represents the cause
+    assert cause.needs == ["scale <= 0"] and cause.free == ["any length"], prober.tried
+    assert {member.prop for member, _ in cause.members} == {EMPTIES, SCALES}
+    assert cause.summary == "scale <= 0, any length"
+    # what was tried: its case, the default scale (passes), another scale <= 0, a longer batch; one per member
+    assert prober.tried[:4] == [
+        "test_output_and_lse_within_error_bound on DecodeCase(lengths=(1,), scale=0.0): fails",
+        "test_output_and_lse_within_error_bound on DecodeCase(lengths=(1,)): passes",
+        "test_output_and_lse_within_error_bound on DecodeCase(lengths=(1,), scale=-0.5): fails",
+        "test_output_and_lse_within_error_bound on DecodeCase(lengths=(3, 130), scale=0.0): fails",
+    ], prober.tried
+    assert prober.budget.used == len(prober.tried) <= 8
+
+
+def test_two_defects_are_two_causes_and_crashes_and_caseless_failures_stand_alone():
+    prober = _prober(two_defects)
+    found = find_causes(_failures(), prober)
+    assert [cause.summary for cause in found[:2]] == ["scale <= 0, any length", "kv_layout dim_outer, any length"]
+    assert found[0].properties == [BOUND, EMPTIES, SCALES]
+    assert found[1].properties == [f"{LAYOUTS}[dim_outer]"]  # the shard parameter goes, the layout stays
+    assert found[2].note.startswith("crashed: not probed") and found[2].representative.crashed
+    assert found[3].note.startswith("no case descriptor") and found[3].representative.case_file is None
+    assert not prober.stopped
+
+
+def test_a_property_needing_something_else_does_not_join():
+    """Inputs-unchanged on a scale <= 0 case: its claim holds there (this kernel writes no input), so it is not
+    swept into the scale cause even though its case has the scale."""
+    failures = [*(_failures()[1:3]), Failure(UNCHANGED, "u.pt", "AssertionError", case=DecodeCase(
+        lengths=(1,), scale=0.0, spare_pages=3))]
+    prober = _prober(nonpositive_scale_nan)
+    found = find_causes(failures, prober)
+    assert [cause.properties for cause in found] == [[BOUND, EMPTIES], [UNCHANGED]]
+    assert "passed on its case when probed" in found[1].note
+
+
+def test_the_budget_bounds_the_probes_and_the_report_says_so():
+    prober = _prober(two_defects, probes=3)
+    found = find_causes(_failures(), prober)
+    assert prober.budget.used == 3 and "budget spent" in prober.stopped
+    assert any(cause.note.startswith("not probed: budget spent") for cause in found)
+    lines = causes.summary_lines(causes.as_json(found, prober))
+    assert lines[0] == f"{len(found)} distinct failures"
+    assert lines[-1].startswith("(grouped by 3 probes of at most 3") and "budget spent" in lines[-1]
+
+
+def test_failures_of_run_reads_case_files_and_adds_caseless_failures(tmp_path):
+    from properties._plugin import casefiles
+    from properties.cases import build
+
+    recorder = casefiles.Recorder()
+    recorder.begin(f"{BOUND}[shard1of2]")
+    recorder.note_build(DecodeCase(lengths=(1,), scale=0.0), build(DecodeCase(lengths=(1,), scale=0.0)))
+    path = casefiles.save_case(tmp_path, recorder, error="AssertionError: off", impl_spec="x:run",
+                               device=torch.device("cpu"), profile="ci", run_id="r")
+    index = casefiles.runs_index(tmp_path, "r")
+    failures = causes.failures_of_run(index, [f"{BOUND}[shard2of2]", EMPTIES])
+    assert [(f.prop, f.case_file, f.case) for f in failures] == [
+        (BOUND, str(path), DecodeCase(lengths=(1,), scale=0.0)), (EMPTIES, None, None)]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_one_defect_kernel_is_one_cause_in_the_summary_and_the_report(tmp_path, workers):
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+                            GQA_DECODE_REPORT_DIR=str(tmp_path / "reports"), CI="true")
+    result = run_pytest("properties/test_decode.py", "properties/test_edge_shapes.py", "-k",
+                        "bound or empty or single_token", "-n", workers,
+                        "--impl=tests/impls/nonpositive_scale_nan.py:run", env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) >= 3, output
+    assert "gqa-decode: 1 distinct failure (root causes, grouped by probing)" in result.stdout, output
+    assert "1. scale <= 0, any length: " in result.stdout and "replay: python -m properties.repro" in result.stdout
+    (report,) = (tmp_path / "reports").glob("*/report.json")
+    saved = json.loads(report.read_text())
+    assert next(iter(saved)) == "causes"  # report.json leads with them, as report.md does
+    (cause,) = saved["causes"]["causes"]
+    assert cause["needs"] == ["scale <= 0"] and len(cause["properties"]) == len(failed)
+    assert cause["representative"]["case_file"] and cause["representative"]["replay"]
+    text = report.with_name("report.md").read_text()
+    assert text.index("## 1 distinct failure") < text.index("| property | verdict")
