@@ -44,6 +44,7 @@ def _failures():
                 "RuntimeError: CUDA error: an illegal memory access was encountered", crashed=True,
                 case=DecodeCase(lengths=())),
         Failure("properties/test_precision.py::test_long_sequences_within_error_bound[normal]"),
+        Failure("properties/test_precision.py::test_long_sequences_within_error_bound[wide]"),
     ]
 
 
@@ -77,6 +78,7 @@ def test_two_defects_are_two_causes_and_crashes_and_caseless_failures_stand_alon
     assert found[1].properties == [f"{LAYOUTS}[dim_outer]"]  # the shard parameter goes, the layout stays
     assert found[2].note.startswith("crashed: not probed") and found[2].representative.crashed
     assert found[3].note.startswith("no case descriptor") and found[3].representative.case_file is None
+    assert len(found) == 4 and len(found[3].properties) == 2  # one test function's parametrizations together
     assert not prober.stopped
 
 

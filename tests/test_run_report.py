@@ -250,3 +250,25 @@ def test_warm_up_leaves_the_report_unchanged(run):
     first = run_report.write_report(directory, RUN).read_text(encoding="utf-8")
     run_report.warm_up()
     assert run_report.write_report(directory, RUN).read_text(encoding="utf-8") == first
+
+
+def test_report_leads_with_the_root_causes(run):
+    """Where the run's failures were grouped (causes.json, written before the report), report.md gives them
+    right after the verdict line, before the table, and report.json's first key holds them."""
+    from properties._plugin import causes
+
+    directory, files = run
+    found = [causes.Cause(causes.Failure(_node("output_within_bound", 2, 16), files["small"], "AssertionError: off",
+                                         case=CASE), needs=["scale <= 0"], free=["any length"],
+                          members=[(causes.Failure(_node("lse_base_two", 2, 4), files["mid"], case=CASE), "probed")])]
+    causes.save(directory, causes.as_json(found, causes.Prober(None, None, "correct", None)))
+    report = run_report.write_report(directory, RUN)
+    text = report.read_text(encoding="utf-8")
+    head = [line for line in text.splitlines() if line][:5]
+    assert head[2:] == ["**FAILED: 3 of 26 properties failed, 1 crashed, 1 skipped**", "## 1 distinct failure",
+                        "1. scale <= 0, any length: 2 properties"]
+    assert f"   replay: python -m properties.repro {files['small']}" in text
+    assert text.index("## 1 distinct failure") < text.index("| property | verdict")
+    assert "   - properties/test_suite.py::test_lse_base_two" in text
+    saved = json.loads((directory / "report.json").read_text())
+    assert next(iter(saved)) == "causes" and saved["causes"]["causes"][0]["needs"] == ["scale <= 0"]

@@ -342,13 +342,20 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
             else:
                 waiting.append(other)
         causes.append(cause)
+    caseless: dict[str, Cause] = {}  # by test function: a parametrized test's variants, none of them probeable
     for failure in failures:
         if failure.crashed:
             causes.append(Cause(failure, note="crashed: not probed (a fault poisons the probing process's CUDA "
                                               "context)"))
         elif failure.case is None:
-            causes.append(Cause(failure, note="no case descriptor to probe: "
-                                              + ("no case file" if not failure.case_file else "not a DecodeCase")))
+            function = failure.prop.partition("[")[0]
+            if function in caseless:
+                caseless[function].members.append((failure, "the same test function, no case to probe"))
+                continue
+            caseless[function] = Cause(failure, note="no case descriptor to probe ("
+                                       + ("no case file" if not failure.case_file else "not a DecodeCase")
+                                       + "): grouped by test function")
+            causes.append(caseless[function])
     return causes
 
 
