@@ -42,7 +42,7 @@ def teardown_module() -> None:
 
 
 @settings(max_examples=20, database=None, derandomize=True)
-@given(spare_pages=st.integers(20_000, 40_000), length=st.integers(1, 40))
+@given(spare_pages=st.integers(4_000, 8_000), length=st.integers(1, 40))
 def test_a_failing_large_pool_shrinks(impl, device, spare_pages, length):
     case = DecodeCase(lengths=(length,), spare_pages=spare_pages)
     inputs = build(case, device)

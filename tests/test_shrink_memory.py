@@ -44,3 +44,5 @@ def test_out_of_memory_while_shrinking_reports_the_failure_found_first(tmp_path)
     assert "is the smallest one seen" in result.stdout and "simulated: the suite could not allocate" in output, output
     (case_file,) = (tmp_path / "failures").glob("*.pt")
     assert "python -m properties.repro" in result.stdout and case_file.name in result.stdout, output
+    # without xdist this process groups the failure too: one cause, the failure's own case file
+    assert "gqa-decode: 1 distinct failure" in result.stdout and f"case file: {case_file}" in result.stdout, output

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 FILE_NAME = "causes.json"
-PAGE_ID_LIMIT = 2**22  # page_id * 512 (the plain pool's page stride) passes 2**31 from here
+INT32_LIMIT = 2**31  # a page id whose page_id * page_stride (elements) reaches this overflows int32 offsets
 BLOCK = 128  # tokens per block of the usual decode kernels: a longer sequence needs a second block
 
 # Where each field of a DecodeCase moves when a probe asks whether the failure needs it.
@@ -109,7 +109,7 @@ class Prober:
     def fails(self, prop: str, case: Any) -> bool | None:
         """Whether ``prop``'s claim fails on ``case``; None when the probe could not decide (budget spent, the
         suite out of memory, the context lost)."""
-        from ..cases import SuiteOutOfMemory
+        from ..cases import SuiteOutOfMemory, using_definition
 
         if self.stopped or not self.budget.left():
             self.stopped = self.stopped or (f"budget spent ({self.budget.used} probes, "
@@ -117,7 +117,8 @@ class Prober:
             return None
         start, verdict = time.perf_counter(), None
         try:
-            self.claim_for(prop)(self.impl, case, self.device, self.contract)
+            with using_definition(case.shape):  # the guarded implementation serves the active definition
+                self.claim_for(prop)(self.impl, case, self.device, self.contract)
             verdict = False
         except (SuiteOutOfMemory, MemoryError) as error:
             self.tried.append(f"{_short(prop)} on {short_case(case)}: undecided, {type(error).__name__}")
@@ -193,12 +194,19 @@ def short_case(case: Any) -> str:
         return repr(case)
     shown = [f"lengths={case.lengths!r}"] + [
         f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
-        if f.name != "lengths" and getattr(case, f.name) != f.default]
+        if f.name not in ("lengths", "definition") and getattr(case, f.name) != f.default]  # definition: said apart
     return f"{type(case).__name__}({', '.join(shown)})"
 
 
 def _pool_pages(case: Any) -> int:
-    return sum(case.lengths) + case.spare_pages
+    """The pool's pages (the builder's count: a sequence of n tokens owns ceil(n / page_size) pages)."""
+    page = case.shape.page_size
+    return sum(-(-n // page) for n in case.lengths) + case.spare_pages
+
+
+def _page_id_limit(case: Any) -> int:
+    """The first page id whose offset in a plain pool (page_id * elements per page) passes 2^31."""
+    return INT32_LIMIT // case.shape.page_elements
 
 
 def _length_features(lengths: tuple[int, ...]) -> list[str]:
@@ -282,9 +290,10 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
         features = _length_features(value)
         needed.words.append(" and ".join(features) or f"lengths {value!r}")
         needed.tests["lengths"] = lambda c, f=tuple(features): set(f) <= set(_length_features(c.lengths))
-    elif name == "spare_pages" and _pool_pages(case) > PAGE_ID_LIMIT:
-        needed.words.append(f"page ids >= 2^22 (a pool of {_pool_pages(case):,} pages)")
-        needed.tests["spare_pages"] = lambda c: _pool_pages(c) > PAGE_ID_LIMIT
+    elif name == "spare_pages" and _pool_pages(case) > _page_id_limit(case):
+        needed.words.append(f"page ids >= 2^{_page_id_limit(case).bit_length() - 1} (a pool of "
+                            f"{_pool_pages(case):,} pages)")
+        needed.tests["spare_pages"] = lambda c: _pool_pages(c) > _page_id_limit(c)
     elif name == "spare_pages":
         needed.words.append("pages no sequence references")
         needed.tests["spare_pages"] = lambda c: c.spare_pages > 0
