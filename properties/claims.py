@@ -162,6 +162,7 @@ _CLAIMS: dict[str, Claim] = {
     "test_every_output_element_is_written": _every_output_written,
     "test_heads_sharing_a_kv_head_and_a_query_give_equal_results": _equal_heads,
     "test_junk_in_unreferenced_pages_changes_nothing": _junk_elsewhere,
+    "test_junk_in_unused_slots_of_last_pages_changes_nothing": _junk_elsewhere,  # the fill reaches those slots too
     "test_nan_in_a_referenced_page_stays_in_the_sequences_reading_it": _poison_stays_put,
     "test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error": _right_answer_or_clear_error,
 }
