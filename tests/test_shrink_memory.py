@@ -46,3 +46,18 @@ def test_out_of_memory_while_shrinking_reports_the_failure_found_first(tmp_path)
     assert "python -m properties.repro" in result.stdout and case_file.name in result.stdout, output
     # without xdist this process groups the failure too: one cause, the failure's own case file
     assert "gqa-decode: 1 distinct failure" in result.stdout and f"case file: {case_file}" in result.stdout, output
+
+
+def test_the_case_file_is_the_reported_failures_example(tmp_path):
+    """Two failing @examples, then a passing one: the case file holds the first failure Hypothesis reports, not
+    the last case built (the recorder's)."""
+    from properties._plugin import casefiles
+
+    (tmp_path / "wrong.py").write_text(WRONG_EVERYWHERE)
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest("tests/explicit_examples_cases.py", f"--impl={tmp_path / 'wrong.py'}:run", "--device=cpu",
+                        "-n", "0", env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "1 failed" in result.stdout, output
+    (case_file,) = (tmp_path / "failures").glob("*.pt")
+    assert casefiles.load_case(case_file)["case_fields"]["lengths"] == (3,), output

@@ -146,6 +146,7 @@ class SuiteRun:
         self.causes: dict | None = None  # the run's failures grouped into root causes (``causes``)
         self.probing = False  # replaying claims after the run: a fault then saves no case file
         self.seen_failure: _SeenFailure | None = None  # the running item's last failing example
+        self.reported_records: dict[int, casefiles.Recorder] = {}  # id of a reported example's error -> its record
         cases.add_build_observer(self.recorder.note_build)
         # What each test item builds, how far it got and where its time went.
         synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
@@ -246,7 +247,9 @@ class SuiteRun:
             except Exception as error:
                 if not isinstance(error, HypothesisException):
                     self.seen_failure = _SeenFailure(copy.copy(self.recorder), f"{type(error).__name__}: {error}")
-                if not shards.final_example():
+                if shards.final_example():  # Hypothesis reports this one (several, for failing @examples)
+                    self.reported_records[id(error)] = self.seen_failure.record if self.seen_failure else None
+                else:
                     release_frames(error)
                 raise
 
@@ -256,7 +259,7 @@ class SuiteRun:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        self.seen_failure = None
+        self.seen_failure, self.reported_records = None, {}
         self.recorder.begin(item.nodeid)
         self.counter.begin(item.nodeid)
         self.started[item.nodeid] = time.perf_counter()
@@ -295,12 +298,19 @@ class SuiteRun:
         if not self.recorder.used or not shards.is_hypothesis_test(getattr(item, "obj", None)):
             return  # case files are for the suite's properties, not for unit tests that build a case
         path = self._save_case(call.excinfo.exconly(), str(getattr(item, "hypothesis_report_information", "")),
-                               device_readable=not sticky)
+                               device_readable=not sticky, record=self._reported_record(error))
         self.outcomes[item.nodeid] = {"case_file": path, "error": call.excinfo.exconly()}
         shown = f"{path}\nreplay: {casefiles.replay_command(path)}" if path else self._budget_note()
         report.sections.append(("gqa-decode case file", shown))
         if sticky:
             _stop_session(item)
+
+    def _reported_record(self, error: BaseException) -> casefiles.Recorder | None:
+        """The record of the example whose error Hypothesis raised (the first, where several failing ``@example``s
+        are raised as a group), rather than of the last example built; None when it is not known."""
+        while getattr(error, "exceptions", None):  # an exception group (the backport's too, before Python 3.11)
+            error = error.exceptions[0]
+        return self.reported_records.get(id(error))
 
     def _report_seen_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
         """The item's last failing example as its failure, saved as a case file, where the suite ran out of memory
