@@ -449,7 +449,7 @@ class SuiteRun:
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED and not session.shouldstop  # Ctrl-C: no replays
         if self.mps_pipe and self.crashes and not self.state.worker and not interrupted:
             self._replay_crashes()
-        self._write_report()
+        self._write_report(probe=not interrupted)
 
     def _replay_crashes(self) -> None:
         """Replay each crash alone (``mps``): on the GPUs the run used, one lane each, or where this process
@@ -458,12 +458,12 @@ class SuiteRun:
         self.replays = mps.replay_crashes(self.crashes, device=self.state.device.type, root=self.config.rootpath,
                                           lanes=lanes)
 
-    def _write_report(self) -> None:
+    def _write_report(self, probe: bool = True) -> None:
         if self.report_warm_up is not None:
             self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
         if self.state.worker:
             return
-        self.causes = self._find_causes()
+        self.causes = self._find_causes() if probe else None  # Ctrl-C: the user wants out, not 60 s of probes
         directory = self.state.report_dir
         if directory is None or not directory.is_dir():
             return
