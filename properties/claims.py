@@ -5,7 +5,7 @@ page); its claim here fixes those extra draws to one plain choice, so that a
 ``DecodeCase`` alone decides whether the claim holds. ``claim_for(name)`` returns the
 claim of a property's test function (its name, without parameters); a property not
 listed claims what nearly every one does, that the call's result is within the
-oracle's bound (for the bad-input property: its "the next valid call works" half).
+oracle's bound.
 
 A claim raises (``AssertionError`` from the checks, or whatever the implementation
 raised) when it does not hold, and returns None when it does. It builds without
@@ -153,7 +153,21 @@ def _right_answer_or_clear_error(impl, case, device, contract) -> None:
     run_and_check(lambda *_: result, inputs, f"case {case}")
 
 
+def _bad_input_refused(impl, case, device, contract) -> None:
+    """One corruption of the bad-input table that reads no memory out of bounds when accepted (q in float16, a
+    dtype the contract forbids) must be refused; the valid call after it must be within the bound."""
+    inputs = _built(case, device)
+    try:
+        impl(*inputs._replace(q=inputs.q.to(torch.float16)))
+    except Exception:  # noqa: BLE001 - any refusal will do here (strict's wording is the property's own check)
+        pass
+    else:
+        raise AssertionError(f"case {case}: q in float16 was accepted, not refused")
+    run_and_check(impl, inputs, f"case {case}, the valid call after a refused one")
+
+
 _CLAIMS: dict[str, Claim] = {
+    "test_bad_input_is_refused_and_the_next_call_works": _bad_input_refused,
     "test_empty_sequences_give_zero_output_and_negative_infinite_lse": _empty_sequences,
     "test_a_sequence_gets_the_same_answer_alone_as_in_a_batch": _alone_and_batched,
     "test_moving_pages_to_other_slots_changes_nothing": _relabelled,

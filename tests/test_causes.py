@@ -5,7 +5,9 @@ planted one-defect kernel (tests/impls/nonpositive_scale_nan.py) through the sui
 """
 
 import json
+import os
 
+import pytest
 import torch
 
 from properties import claims
@@ -13,6 +15,7 @@ from properties._plugin import causes
 from properties._plugin.causes import Budget, Failure, Prober, find_causes
 from properties._plugin.target import in_definition_order
 from properties.cases import DecodeCase, definitions
+from tests.corpus.materialise import seed_on_cpu
 from tests.impls.nonpositive_scale_nan import run as nonpositive_scale_nan
 from tests.pytest_runs import clean_environment, run_pytest
 
@@ -141,3 +144,27 @@ def test_a_one_defect_kernel_is_one_cause_in_the_summary_and_the_report(tmp_path
     assert cause["representative"]["case_file"] and cause["representative"]["replay"]
     text = report.with_name("report.md").read_text()
     assert text.index("## 1 distinct failure") < text.index("| property | verdict")
+
+
+BAD_INPUT = "properties/test_bad_input.py::test_bad_input_is_refused_and_the_next_call_works"
+
+
+@pytest.mark.skipif(os.environ.get("GQA_DECODE_SLOW_TESTS") != "1",
+                    reason="slow (4-5 minutes on 2 cores, the seed in the interpreter): set GQA_DECODE_SLOW_TESTS=1")
+def test_the_verbatim_seed_gives_its_distinct_defects_as_distinct_causes(tmp_path):
+    """The seed (its CUDA gate removed, tests/corpus/materialise.py) reads no last-dimension stride and checks no
+    input (docs/mutants.md; its int32 offsets need a GPU's huge pools): two causes, not one per property."""
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+                            GQA_DECODE_REPORT_DIR=str(tmp_path / "reports"), CI="true")
+    result = run_pytest("properties/test_layouts.py", BAD_INPUT, "-n", "1", "--max-examples=10",
+                        f"--impl={seed_on_cpu(tmp_path)}", env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    (saved,) = (tmp_path / "reports").glob("*/causes.json")
+    found = json.loads(saved.read_text())["causes"]
+    assert len(found) == 2, found
+    strides, bad_input = sorted(found, key=lambda cause: cause["properties"] == [BAD_INPUT])
+    assert len(strides["properties"]) >= 4 and all("test_layouts.py" in p for p in strides["properties"])
+    assert any(layout in strides["summary"] for layout in ("q_layout dim_outer", "q_layout strided_dim",
+                                                            "kv_layout dim_outer")), strides
+    assert bad_input["properties"] == [BAD_INPUT] and bad_input["summary"].startswith("any case"), bad_input

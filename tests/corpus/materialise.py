@@ -13,7 +13,9 @@ from pathlib import Path
 
 from .mutants import Mutant, Patch
 
-__all__ = ["KERNEL_DIR", "ROOT", "MutantPatchError", "apply_patches", "materialise", "materialise_package"]
+__all__ = [
+    "KERNEL_DIR", "ROOT", "MutantPatchError", "apply_patches", "materialise", "materialise_package", "seed_on_cpu",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_DIR = ROOT / "kernel"
@@ -75,3 +77,21 @@ def materialise(mutant: Mutant, directory: Path) -> str:
     if mutant.file:
         return f"{ROOT / mutant.file}:run"
     return f"{materialise_package(mutant.name, mutant.patches, directory)}:run"
+
+
+SEED = ROOT / "tests" / "corpus" / "seed_original.py"
+# The seed's run() demands CUDA; on CPU these two snippets go and nothing else changes, so its other defects
+# (strides it never reads, inputs it never checks) show in Triton's interpreter.
+_SEED_CUDA_GATE = (
+    Patch(SEED.name, '    if not torch.cuda.is_available():\n'
+                     '        raise RuntimeError("Triton kernel requires a CUDA-enabled device.")\n', ""),
+    Patch(SEED.name, "    is_cpu_run = original_device.type == 'cpu'\n", "    is_cpu_run = False\n"),
+)
+
+
+def seed_on_cpu(directory: Path) -> str:
+    """Write the verbatim seed with its CUDA gate removed under ``directory``; return its ``--impl`` value."""
+    patched = apply_patches("seed_on_cpu", {SEED.name: SEED.read_text()}, _SEED_CUDA_GATE)
+    path = Path(directory) / "seed_on_cpu.py"
+    path.write_text(patched[SEED.name])
+    return f"{path}:run"
