@@ -245,12 +245,13 @@ class SuiteRun:
             try:
                 return example(*args, **kwargs)
             except Exception as error:
-                if not isinstance(error, HypothesisException):
+                failed = not isinstance(error, HypothesisException)  # not assume() and its kin
+                if failed:
                     self.seen_failure = _SeenFailure(copy.copy(self.recorder), f"{type(error).__name__}: {error}")
-                if shards.final_example():  # Hypothesis reports this one (several, for failing @examples)
-                    self.reported_records[id(error)] = self.seen_failure.record if self.seen_failure else None
-                else:
+                if not shards.final_example():
                     release_frames(error)
+                elif failed:  # Hypothesis reports this one (several, for failing @examples)
+                    self.reported_records[id(error)] = self.seen_failure.record
                 raise
 
         return remembered
