@@ -150,7 +150,8 @@ BAD_INPUT = "properties/test_bad_input.py::test_bad_input_is_refused_and_the_nex
 
 
 @pytest.mark.skipif(os.environ.get("GQA_DECODE_SLOW_TESTS") != "1",
-                    reason="slow (4-5 minutes on 2 cores, the seed in the interpreter): set GQA_DECODE_SLOW_TESTS=1")
+                    reason="slow (about a minute on 2 cores; the seed reads out of bounds in the interpreter): "
+                           "set GQA_DECODE_SLOW_TESTS=1")
 def test_the_verbatim_seed_gives_its_distinct_defects_as_distinct_causes(tmp_path):
     """The seed (its CUDA gate removed, tests/corpus/materialise.py) reads no last-dimension stride and checks no
     input (docs/mutants.md; its int32 offsets need a GPU's huge pools): two causes, not one per property."""
