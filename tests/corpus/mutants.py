@@ -67,9 +67,9 @@ CLASSES = (
 
 # Lines of the kernel that several mutants patch.
 _MASKED_LOGITS = 'scores = tl.where(in_seq[None, :], scores * sm_scale, float("-inf"))'
-_PAGE_LOAD = "page = tl.load(kv_indices_ptr + page_start + token, mask=in_seq, other=0).to(tl.int64)"
+_PAGE_LOAD = "page = tl.load(kv_indices_ptr + page_start + token // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)"
 _NORMALISER = "l_i = l_i * alpha + tl.sum(p, 1)"
-_LSE_STORE = "tl.store(lse_ptrs, m_i * LOG2E + tl.log2(l_i))"
+_LSE_STORE = "tl.store(lse_ptrs, m_i * LOG2E + tl.log2(l_i)"
 
 
 def _kernel(old: str, new: str) -> tuple[Patch, ...]:
@@ -83,9 +83,9 @@ def _launch(old: str, new: str) -> tuple[Patch, ...]:
 MUTANTS: tuple[Mutant, ...] = (
     # ---- LSE base ----
     Mutant("lse_natural_log", "lse base", "stores the natural-log LSE where the contract says base 2",
-           _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log(l_i))")),
+           _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log(l_i)")),
     Mutant("lse_max_not_converted", "lse base", "adds the natural-log running max to a base-2 log of the sum",
-           _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log2(l_i))")),
+           _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log2(l_i)")),
     # ---- GQA head mapping ----
     Mutant("gqa_heads_interleaved", "gqa head mapping", "query head h reads KV head h % 4 instead of h // 8",
            _kernel("kv_head_of_q = offs_h // GROUP", "kv_head_of_q = offs_h % NUM_KV_HEADS")),
@@ -122,7 +122,7 @@ MUTANTS: tuple[Mutant, ...] = (
                    "offs_d[None, :] * stride_v_d,")),
     # ---- page indirection ----
     Mutant("page_table_ignored", "page indirection", "reads token t of every sequence from page t, ignoring kv_indices",
-           _kernel(_PAGE_LOAD, "page = token.to(tl.int64)")),
+           _kernel(_PAGE_LOAD, "page = (token // PAGE_SIZE).to(tl.int64)")),
     Mutant("page_table_not_offset", "page indirection",
            "reads kv_indices from 0 for every sequence, forgetting kv_indptr[b] (batch >= 2)",
            _kernel("kv_indices_ptr + page_start + token", "kv_indices_ptr + token")),
@@ -145,12 +145,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "runs an empty sequence through the loop: 0 / 0 gives NaN output (the split-KV padding bug)",
            _kernel("if seq_len == 0:", "if seq_len < 0:")),
     Mutant("empty_sequence_lse_zero", "empty sequences", "writes LSE 0 instead of -inf for an empty sequence",
-           _kernel('tl.store(lse_ptrs, tl.full([NUM_QO_HEADS], float("-inf"), dtype=tl.float32))',
-                   "tl.store(lse_ptrs, tl.zeros([NUM_QO_HEADS], dtype=tl.float32))")),
+           _kernel('tl.store(lse_ptrs, tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)',
+                   "tl.store(lse_ptrs, tl.zeros([BLOCK_H], dtype=tl.float32)")),
     Mutant("empty_sequence_output_unwritten", "empty sequences",
            "never stores the zero output of an empty sequence: it keeps whatever torch.empty held",
-           _kernel("tl.store(out_ptrs, tl.zeros([NUM_QO_HEADS, HEAD_DIM], dtype=tl.float32)"
-                   ".to(output_ptr.dtype.element_ty))\n        ", "")),
+           _kernel("tl.store(out_ptrs, tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32).to(output_ptr.dtype.element_ty),"
+                   "\n                 mask=is_head[:, None])\n        ", "")),
     # ---- extreme logits: finite sentinels, max initialisation ----
     Mutant("finite_mask_sentinel", "extreme logits",
            "masks padding with -5e4 (FlashInfer's bug): it dominates when every real logit is below it",
@@ -158,8 +158,8 @@ MUTANTS: tuple[Mutant, ...] = (
            first="properties/test_hostile_values.py"),
     Mutant("max_initialised_finite", "extreme logits",
            "starts the running max at -1e4, not -inf: all weights underflow when every logit is far below",
-           _kernel('m_i = tl.full([NUM_QO_HEADS], float("-inf"), dtype=tl.float32)',
-                   "m_i = tl.full([NUM_QO_HEADS], -1.0e4, dtype=tl.float32)"),
+           _kernel('m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)',
+                   "m_i = tl.full([BLOCK_H], -1.0e4, dtype=tl.float32)"),
            first="properties/test_hostile_values.py"),
     Mutant("running_max_not_monotone", "extreme logits",
            "uses each block's own max, not the running max: exp overflows when an earlier block was far larger",
@@ -179,7 +179,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("scale_ignored", "scale", "never multiplies the logits by sm_scale",
            _kernel(_MASKED_LOGITS, 'scores = tl.where(in_seq[None, :], scores, float("-inf"))')),
     Mutant("default_scale_one_over_head_dim", "scale", "defaults sm_scale to 1/128 instead of 1/sqrt(128)",
-           _launch("DEFAULT_SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)", "DEFAULT_SM_SCALE = 1.0 / HEAD_DIM")),
+           _launch("return 1.0 / math.sqrt(head_dim)", "return 1.0 / head_dim")),
     Mutant("negative_scale_made_positive", "scale", "takes abs(sm_scale): a negative scale gives the wrong softmax",
            _launch("return float(sm_scale)", "return abs(float(sm_scale))"),
            first="properties/test_hostile_values.py"),

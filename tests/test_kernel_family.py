@@ -1,0 +1,179 @@
+"""The kernel serves every definition of the family, and checks the paged call as strictly as the seed's.
+
+``for_definition(d)`` is compared with the float32 reference inside each built-in definition file (independent of
+the suite's float64 oracle) on ragged batches with empty sequences, shuffled page ids, NaN junk in the pages no
+sequence references, NaN and Inf in the unused slots of last pages, and strided q and K/V. The tolerance is derived
+in ``_output_bound``, not tuned.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from reference.compare import compare_all, raise_if_any
+from reference.definitions import BUILT_IN, SEED
+
+PAGED = BUILT_IN["gqa_paged_decode_h20_kv4_d128_ps64"]
+# Per case: tokens per sequence, sm_scale, whether q and K/V are strided views. With 64-token pages the lengths
+# put 3, 64 (a full page), 1 and 2 tokens in the last pages, over one, two and three pages.
+CASES = [((3, 0, 64, 65), None, False), ((130, 0, 1), 0.07, True)]
+# Both outputs are within 2**-8 of what they round; the float32 steps (128-term dots, sums of a few hundred
+# weights) stay below 2**-14 of the same terms: a margin of 2**-6 on 2**-8.
+MARGIN = 1 + 2.0**-6
+# LSE, base 2: both in float32; the dots of unit normals at scale 1/sqrt(128) are off by about 1e-6 and a
+# logsumexp of L terms by about L * 2**-24, far below 2**-12.
+LSE_BOUND = 2.0**-12
+
+
+def _for_definition():
+    from kernel import for_definition  # imported after the device fixture has switched the interpreter on (CPU)
+
+    return for_definition
+
+
+def _reference(definition):
+    namespace = {}
+    exec(definition.reference, namespace)  # the definition file's own float32 run()
+    return namespace["run"]
+
+
+def _pool(definition, pages: int, strided: bool, device) -> torch.Tensor:
+    """A [pages, page_size, kv_heads, dim] pool of NaN; strided: a head-major view with padded rows, so that the
+    page, slot, head and dim strides all differ from a plain pool's."""
+    size, heads, dim = definition.page_size, definition.num_kv_heads, definition.head_dim
+    if not strided:
+        return torch.full((pages, size, heads, dim), math.nan, dtype=torch.bfloat16, device=device)
+    heads_major = torch.full((pages, heads, size, dim + 8), math.nan, dtype=torch.bfloat16, device=device)
+    return heads_major[..., 4:-4].transpose(1, 2)
+
+
+def _case(definition, lengths: tuple[int, ...], strided: bool, seed: int, device) -> list[torch.Tensor]:
+    """The arguments before sm_scale for sequences of ``lengths`` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    size, heads, dim = definition.page_size, definition.num_kv_heads, definition.head_dim
+    counts = [math.ceil(n / size) for n in lengths]
+    ids = torch.randperm(sum(counts) + 5, generator=gen)  # five pages nobody references stay NaN
+    k_cache, v_cache = (_pool(definition, len(ids), strided, device) for _ in range(2))
+    for b, (n, count) in enumerate(zip(lengths, counts)):
+        pages = ids[sum(counts[:b]):sum(counts[:b + 1])].to(device)
+        for cache in (k_cache, v_cache):
+            rows = torch.randn((count * size, heads, dim), generator=gen)
+            rows[n:] = torch.tensor([math.nan, math.inf]).repeat(count * size)[: count * size - n, None, None]
+            cache[pages] = rows.view(count, size, heads, dim).to(device, torch.bfloat16)
+    q_heads = definition.num_qo_heads + 3 * strided
+    q = torch.randn((len(lengths), q_heads, dim), generator=gen).to(device, torch.bfloat16)
+    q = q[:, 1:1 + definition.num_qo_heads] if strided else q
+    kv_indptr = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32, device=device)
+    args = [q, k_cache, v_cache, kv_indptr, ids[:sum(counts)].to(device, torch.int32)]
+    if definition.paged:
+        last = [n - (count - 1) * size if count else 0 for n, count in zip(lengths, counts)]
+        args.append(torch.tensor(last, dtype=torch.int32, device=device))
+    return args
+
+
+def _output_bound(output, expected, args, reference, scale) -> torch.Tensor:
+    """How far a correct kernel that rounds P to bf16 before P @ V (as this one does) may land from the reference.
+
+    Each side rounds its result to bf16, within 2**-8 of it; the kernel's bf16 P moves its output by at most
+    2**-8 * sum_t w_t |v_t|, which is the reference's own output for |V| (``weighted``).
+    """
+    weighted = reference(args[0], args[1], args[2].abs(), *args[3:], scale)[0]
+    return 2.0**-8 * MARGIN * (output.double().abs() + expected.double().abs() + weighted.double() * MARGIN)
+
+
+@pytest.mark.parametrize("definition", [pytest.param(d, id=d.name) for d in BUILT_IN.values()])
+def test_each_definition_matches_its_reference(definition, device):
+    kernel, reference = _for_definition()(definition), _reference(definition)
+    for seed, (lengths, scale, strided) in enumerate(CASES):
+        args = _case(definition, lengths, strided, seed, device)
+        output, lse = kernel(*args, scale)
+        scale = definition.default_sm_scale if scale is None else scale
+        expected, expected_lse = reference(*args, scale)
+        mismatches = compare_all([
+            ("output", output, expected.double(), _output_bound(output, expected, args, reference, scale)),
+            ("lse", lse, expected_lse.double(), torch.full_like(expected_lse, LSE_BOUND, dtype=torch.float64)),
+        ])
+        raise_if_any(mismatches, f"{definition.name}: lengths={lengths}, strided={strided}")
+        empty = [b for b, n in enumerate(lengths) if n == 0]  # exactly 0 and -inf (the bound passes only -inf)
+        assert not output[empty].float().abs().sum() and bool((lse[empty] == -math.inf).all())
+
+
+def test_the_seed_definition_is_run_itself():
+    import kernel
+
+    assert kernel.run.for_definition is kernel.for_definition
+    assert kernel.for_definition(SEED) is kernel.run
+    assert kernel.for_definition(PAGED) is kernel.for_definition(PAGED)
+
+
+@pytest.mark.parametrize("definition", [pytest.param(d, id=d.name) for d in BUILT_IN.values()])
+def test_each_served_function_takes_its_definitions_arguments(definition):
+    from kernel import for_definition
+
+    parameters = inspect.signature(for_definition(definition)).parameters
+    assert tuple(parameters) == definition.arguments
+    assert parameters["sm_scale"].default is None
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"head_dim": 96}, "head_dim=96 is not a power of two"),
+    ({"head_dim": 8}, "head_dim=8 is not a power of two in \\[16, 256\\]"),
+    ({"num_qo_heads": 30}, "num_qo_heads=30 is not a multiple of num_kv_heads=4"),
+    ({"num_qo_heads": 256, "num_kv_heads": 8}, "num_qo_heads=256 is more than the 128"),
+    ({"page_size": 0}, "page_size=0 must be a positive integer"),
+])
+def test_shapes_the_kernel_cannot_compile_are_refused_naming_the_definition(change, reason):
+    from kernel import for_definition
+
+    fields = {"name": "my_decode", "num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "page_size": 16, **change}
+    with pytest.raises(ValueError, match=f"definition 'my_decode' is not supported by this kernel: {reason}"):
+        for_definition(SimpleNamespace(**fields, paged=fields["page_size"] > 1))
+
+
+def _paged_call(device):
+    """A valid call of PAGED: sequences of 3, 0 and 65 tokens."""
+    return _case(PAGED, (3, 0, 65), False, 0, device)
+
+
+@pytest.mark.parametrize(("argument", "value", "error", "message"), [
+    (5, [3, 0, 1], TypeError, "kv_last_page_len must be a torch.Tensor, got list"),
+    (5, torch.tensor([3, 0, 1], dtype=torch.float32), TypeError, "kv_last_page_len must have dtype torch.int32"),
+    (5, torch.tensor([3, 0, 1, 1], dtype=torch.int32), ValueError,
+     r"kv_last_page_len must have shape \[3\], got \[4\]"),
+    (5, torch.tensor([65, 0, 1], dtype=torch.int32), ValueError,
+     r"kv_last_page_len must lie in \[0, 64\] \(tokens in each sequence's last page\), got values in \[0, 65\]"),
+    (5, torch.tensor([3, 0, -1], dtype=torch.int32), ValueError, r"must lie in \[0, 64\].*got values in \[-1, 3\]"),
+    (5, torch.tensor([3, 0, 0], dtype=torch.int32), ValueError,
+     "kv_last_page_len\\[2\\]=0 but sequence 2 has pages: its last page must hold 1..64 tokens"),
+    (5, torch.tensor([3, 0, 1], dtype=torch.int32, device="meta"), ValueError,
+     "kv_last_page_len is on meta but q is on"),
+    (1, torch.zeros((8, 1, 4, 128), dtype=torch.bfloat16), ValueError,
+     r"k_cache must have shape \[\*, 64, 4, 128\], got \[8, 1, 4, 128\]"),
+    (2, torch.zeros((5, 64, 4, 128), dtype=torch.bfloat16), ValueError,
+     r"v_cache must have shape \[8, 64, 4, 128\], got \[5, 64, 4, 128\]"),
+])
+def test_a_bad_paged_call_is_refused_naming_the_argument(device, argument, value, error, message):
+    from kernel import for_definition
+
+    args = _paged_call(device)
+    if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        value = value.to(device)
+    args[argument] = value
+    with pytest.raises(error, match=message):
+        for_definition(PAGED)(*args)
+
+
+def test_a_sequence_without_pages_is_empty_whatever_its_last_page_length(device):
+    from kernel import for_definition
+
+    args = _paged_call(device)
+    valid = for_definition(PAGED)(*args)
+    args[5] = torch.tensor([3, 64, 1], dtype=torch.int32, device=device)  # sequence 1 has no pages
+    for ours, theirs in zip(for_definition(PAGED)(*args), valid):
+        assert torch.equal(ours, theirs)
