@@ -8,6 +8,10 @@ nothing. Only the seed is a whole file (``seed_original.py``, kept verbatim).
 ``gpu_only`` marks a mutant whose defect the CPU suite cannot reach (page ids of
 2**22 and more need a pool of about 8.6 GB; the seed refuses to run without CUDA),
 so its kill is recorded on an H200 (docs/mutants.md).
+
+``definition`` names the definition a mutant runs under (``--definition``): the seed's
+by default; the defects of last pages and of padded heads show only where pages hold
+several tokens or the head count is not a power of two.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Mutant:
         suite still runs until its first failure, so this credits no kill by itself.
     contract: the tier it is judged under: ``correct`` (the default for any --impl), or ``strict``
         where the defect breaks only a promise of this kernel's, not the contract.
+    definition: the definition the suite tests it under (``--definition=NAME``); None: the seed's.
     """
 
     name: str
@@ -52,6 +57,7 @@ class Mutant:
     gpu_only: bool = False
     first: str | None = None
     contract: str = "correct"
+    definition: str | None = None
 
     def __post_init__(self):
         if bool(self.patches) == bool(self.file):
@@ -62,14 +68,21 @@ class Mutant:
 
 CLASSES = (
     "lse base", "gqa head mapping", "online-softmax rescaling", "tail masking", "page indirection", "strides",
-    "empty sequences", "extreme logits", "precision loss", "scale", "bad input", "int32 offsets", "seed",
+    "empty sequences", "extreme logits", "precision loss", "scale", "bad input", "int32 offsets", "last page",
+    "head padding", "seed",
 )
+
+# Definitions the family's mutants run under: 64-token pages, and 20 query heads padded to 32 rows.
+PAGED = "gqa_paged_decode_h20_kv4_d128_ps64"
+PADDED = "gqa_paged_decode_h20_kv4_d128_ps1"
 
 # Lines of the kernel that several mutants patch.
 _MASKED_LOGITS = 'scores = tl.where(in_seq[None, :], scores * sm_scale, float("-inf"))'
 _PAGE_LOAD = "page = tl.load(kv_indices_ptr + page_start + token // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)"
 _NORMALISER = "l_i = l_i * alpha + tl.sum(p, 1)"
 _LSE_STORE = "tl.store(lse_ptrs, m_i * LOG2E + tl.log2(l_i)"
+_TOKENS = "(num_pages - 1) * PAGE_SIZE + last_len"
+_INT32_PAGE_LOAD = "page = tl.load(kv_indices_ptr + page_start + token // PAGE_SIZE, mask=in_seq, other=0)"
 
 
 def _kernel(old: str, new: str) -> tuple[Patch, ...]:
@@ -193,11 +206,39 @@ MUTANTS: tuple[Mutant, ...] = (
                   "if math.isinf(float(torch.tensor(float(sm_scale), dtype=torch.float32))):")),
            # The contract leaves a NaN scale to policy (refuse or compute); this kernel promises a ValueError.
            contract="strict"),
+    # ---- the family: pages of several tokens, head counts that are not powers of two ----
+    Mutant("last_page_length_short", "last page",
+           "reads kv_last_page_len as the last slot's index: each sequence loses its last token",
+           _kernel(_TOKENS, f"{_TOKENS} - 1"), definition=PAGED),
+    Mutant("last_page_read_whole", "last page",
+           "reads every slot of the last page: the unused slots' junk (NaN, Inf) joins the softmax",
+           _kernel(_TOKENS, "num_pages * PAGE_SIZE"), definition=PAGED),
+    Mutant("page_index_wrong_divisor", "page indirection",
+           "divides the token index by the block size (128), not the page size (64), to find its page: "
+           "sequences of more than one page read the wrong pages",
+           _kernel("page_start + token // PAGE_SIZE", "page_start + token // BLOCK_N"), definition=PAGED),
+    Mutant("kv_slot_stride_assumed", "strides",
+           "assumes a page's slots are num_kv_heads * head_dim apart: wrong for a head-major or padded pool",
+           (Patch(KERNEL, "slot[:, None] * stride_k_slot", "slot[:, None] * (NUM_KV_HEADS * HEAD_DIM)"),
+            Patch(KERNEL, "slot[:, None] * stride_v_slot", "slot[:, None] * (NUM_KV_HEADS * HEAD_DIM)")),
+           first="properties/test_layouts.py", definition=PAGED),
+    Mutant("group_from_padded_heads", "head padding",
+           "takes the group size from the padded head count (32 // 4 = 8, not 20 // 4 = 5): heads read the "
+           "wrong KV heads",
+           _kernel("NUM_QO_HEADS // NUM_KV_HEADS", "BLOCK_H // NUM_KV_HEADS"), definition=PADDED),
     # ---- GPU only ----
     Mutant("page_offset_int32", "int32 offsets",
            "page_id * page_stride in int32: wraps once page ids reach 2**22 (pools of >= 4.2M pages)",
-           _kernel(_PAGE_LOAD, "page = tl.load(kv_indices_ptr + page_start + token, mask=in_seq, other=0)"),
-           gpu_only=True),
+           _kernel(_PAGE_LOAD, _INT32_PAGE_LOAD), gpu_only=True),
+    Mutant("page_offset_int32_paged", "int32 offsets",
+           "page_id * page_stride in int32 with 64-token pages (stride 32,768 elements): wraps from page 2**16 on "
+           "(pools of >= 65,536 pages, 8.6 GB of K+V)",
+           _kernel(_PAGE_LOAD, _INT32_PAGE_LOAD), gpu_only=True, definition=PAGED),
+    Mutant("padded_heads_unmasked", "head padding",
+           "masks heads against the padded count (32), not 20: the padded rows load the next sequence's q and "
+           "store over its first 12 heads (a race on a GPU; in the interpreter programs run in order and the next "
+           "one overwrites them, and the last program's rows land past the output)",
+           _kernel("is_head = offs_h < NUM_QO_HEADS", "is_head = offs_h < BLOCK_H"), gpu_only=True, definition=PADDED),
     Mutant("seed_original", "seed",
            "the seed kernel and wrapper verbatim; on CPU its run() refuses to start without CUDA, so it is "
            "killed meaningfully only on a GPU (int32 offsets, unread last-dim strides, unchecked page ids)",
