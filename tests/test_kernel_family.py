@@ -11,15 +11,21 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from reference.compare import compare_all, raise_if_any
-from reference.definitions import BUILT_IN, SEED
+from reference.definitions import BUILT_IN, SEED, Definition, load
 
 PAGED = BUILT_IN["gqa_paged_decode_h20_kv4_d128_ps64"]
+# Beyond the built-in family: the suite's file definition (eight 16-token pages per block of 128 tokens), and pages
+# longer than a block (a block boundary inside a page) with 8 query heads padded to 16, one per KV head, head dim 64.
+# The paged reference reads its shapes from the tensors, so it serves these too.
+FAMILY = [*BUILT_IN.values(), load("definitions/gqa_paged_decode_h16_kv2_d128_ps16.json", Path(__file__).parent),
+          Definition("gqa_paged_decode_h8_kv8_d64_ps256", 8, 8, 64, 256, reference=PAGED.reference)]
 # Per case: tokens per sequence, sm_scale, whether q, K and V are strided views (K and V differently). With
 # 64-token pages the lengths put 3, 64 (a full page), 1 and 8 tokens in the last pages, over one to four pages;
 # 200 tokens take two blocks of 128, and keys of spread 3 make a later block raise the running max.
@@ -98,7 +104,7 @@ def _output_bound(expected, args, reference, scale) -> torch.Tensor:
     return 2.0**-8 * MARGIN * (2 * expected.double().abs() + weighted.double()) * MARGIN
 
 
-@pytest.mark.parametrize("definition", [pytest.param(d, id=d.name) for d in BUILT_IN.values()])
+@pytest.mark.parametrize("definition", [pytest.param(d, id=d.name) for d in FAMILY])
 def test_each_definition_matches_its_reference(definition, device):
     kernel, reference = _for_definition()(definition), _reference(definition)
     for seed, (lengths, scale, strided) in enumerate(CASES):
