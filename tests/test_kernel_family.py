@@ -1,40 +1,49 @@
 """The kernel serves every definition of the family, and checks the paged call as strictly as the seed's.
 
 ``for_definition(d)`` is compared with the float32 reference inside each built-in definition file (independent of
-the suite's float64 oracle) on ragged batches with empty sequences, shuffled page ids, NaN junk in the pages no
-sequence references, NaN and Inf in the unused slots of last pages, and strided q and K/V. The tolerance is derived
-in ``_output_bound``, not tuned.
+the suite's float64 oracle) on cases of the suite's builder: ragged batches with empty sequences, shuffled page
+ids, NaN junk in the pages no sequence references and in the unused slots of last pages, strided q, K and V. The
+tolerance is derived in ``_output_bound``, not tuned.
 """
 
 from __future__ import annotations
 
 import inspect
-import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from properties.cases import DecodeCase, build
 from reference.compare import compare_all, raise_if_any
-from reference.definitions import BUILT_IN, SEED, Definition, load
+from reference.definitions import BUILT_IN, SEED, Definition, load, register
 
 PAGED = BUILT_IN["gqa_paged_decode_h20_kv4_d128_ps64"]
 # Beyond the built-in family: the suite's file definition (eight 16-token pages per block of 128 tokens), and pages
 # longer than a block (a block boundary inside a page) with 8 query heads padded to 16, one per KV head, head dim 64.
 # The paged reference reads its shapes from the tensors, so it serves these too.
 FAMILY = [*BUILT_IN.values(), load("definitions/gqa_paged_decode_h16_kv2_d128_ps16.json", Path(__file__).parent),
-          Definition("gqa_paged_decode_h8_kv8_d64_ps256", 8, 8, 64, 256, reference=PAGED.reference)]
-# Per case: tokens per sequence, sm_scale, whether q, K and V are strided views (K and V differently). With
-# 64-token pages the lengths put 3, 64 (a full page), 1 and 8 tokens in the last pages, over one to four pages;
-# 200 tokens take two blocks of 128, and keys of spread 3 make a later block raise the running max.
-CASES = [((3, 0, 64, 65), None, False), ((200, 0, 1), 0.07, True)]
+          register(Definition("gqa_paged_decode_h8_kv8_d64_ps256", 8, 8, 64, 256, reference=PAGED.reference))]
+# Ragged batches with an empty sequence, shuffled page ids, NaN in the spare pages and in the unused slots of
+# last pages (the builder leaves them junk). With 64-token pages the lengths put 3, 64 (a full page), 1, 8 and 1
+# tokens in last pages, over one to four pages; 200 tokens take two blocks of 128, and peaky keys make a later
+# block raise the running max. Strided: q dim-major or a slice of a fused QKV tensor, V head-major or K and V
+# dim-major, int64 strided indices.
+CASES = [
+    DecodeCase(lengths=(3, 0, 64, 65), spare_pages=5, seed=1),
+    DecodeCase(lengths=(200, 0, 1), spare_pages=3, scale=0.07, values="peaky", q_layout="dim_outer",
+               kv_layout="mixed", seed=2),
+    DecodeCase(lengths=(1, 129), spare_pages=2, q_layout="fused_qkv", kv_layout="dim_outer",
+               index_layout="int64_strided", seed=3),
+]
 # Both outputs are within 2**-8 of what they round; the float32 steps (128-term dots, sums of a few hundred
 # weights) stay below 2**-14 of the same terms: a margin of 2**-6 on 2**-8.
 MARGIN = 1 + 2.0**-6
-# LSE, base 2: both in float32; the dots of unit normals at scale 1/sqrt(128) are off by about 1e-6 and a
-# logsumexp of L terms by about L * 2**-24, far below 2**-12.
+# LSE, base 2: both in float32, and below 32 in these cases: a few of its ulps (2**-18 each), the dots' rounding
+# (about 1e-6 at these logits) and a logsumexp of L terms (about L * 2**-24) stay far below 2**-12.
 LSE_BOUND = 2.0**-12
 
 
@@ -48,49 +57,6 @@ def _reference(definition):
     namespace = {}
     exec(definition.reference, namespace)  # the definition file's own float32 run()
     return namespace["run"]
-
-
-def _pool(definition, pages: int, layout: str, device) -> torch.Tensor:
-    """A [pages, page_size, kv_heads, dim] pool of NaN: ``plain``; ``heads_major``, a view of a head-major buffer
-    with padded rows (every stride differs from a plain pool's but dim's); ``dim_major``, a view of a dim-major
-    buffer (dim's stride is the largest, the slots' is 1)."""
-    size, heads, dim = definition.page_size, definition.num_kv_heads, definition.head_dim
-
-    def junk(*shape):
-        return torch.full(shape, math.nan, dtype=torch.bfloat16, device=device)
-
-    if layout == "heads_major":
-        return junk(pages, heads, size, dim + 8)[..., 4:-4].transpose(1, 2)
-    if layout == "dim_major":
-        return junk(dim, pages, heads, size).permute(1, 3, 2, 0)
-    return junk(pages, size, heads, dim)
-
-
-def _case(definition, lengths: tuple[int, ...], strided: bool, seed: int, device) -> list[torch.Tensor]:
-    """The arguments before sm_scale for sequences of ``lengths`` tokens."""
-    gen = torch.Generator().manual_seed(seed)
-    size, heads, dim = definition.page_size, definition.num_kv_heads, definition.head_dim
-    counts = [math.ceil(n / size) for n in lengths]
-    ids = torch.randperm(sum(counts) + 4, generator=gen) + 1  # page 0 and four others nobody references stay NaN
-    k_cache, v_cache = (_pool(definition, len(ids) + 1, layout, device)
-                        for layout in (("heads_major", "dim_major") if strided else ("plain", "plain")))
-    for b, (n, count) in enumerate(zip(lengths, counts)):
-        pages = ids[sum(counts[:b]):sum(counts[:b + 1])].to(device)
-        for cache, spread in ((k_cache, 3.0), (v_cache, 1.0)):  # keys of spread 3: peaked softmax weights
-            rows = torch.randn((count * size, heads, dim), generator=gen) * spread
-            rows[n:] = torch.tensor([math.nan, math.inf]).repeat(count * size)[: count * size - n, None, None]
-            cache[pages] = rows.view(count, size, heads, dim).to(device, torch.bfloat16)
-    if strided:  # dim-major, and a slice of more heads: no stride of q is a plain one's
-        q = torch.randn((len(lengths), dim, definition.num_qo_heads + 3), generator=gen).to(device, torch.bfloat16)
-        q = q.transpose(1, 2)[:, 1:1 + definition.num_qo_heads]
-    else:
-        q = torch.randn((len(lengths), definition.num_qo_heads, dim), generator=gen).to(device, torch.bfloat16)
-    kv_indptr = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32, device=device)
-    args = [q, k_cache, v_cache, kv_indptr, ids[:sum(counts)].to(device, torch.int32)]
-    if definition.paged:
-        last = [n - (count - 1) * size if count else 0 for n, count in zip(lengths, counts)]
-        args.append(torch.tensor(last, dtype=torch.int32, device=device))
-    return args
 
 
 def _output_bound(expected, args, reference, scale) -> torch.Tensor:
@@ -107,8 +73,9 @@ def _output_bound(expected, args, reference, scale) -> torch.Tensor:
 @pytest.mark.parametrize("definition", [pytest.param(d, id=d.name) for d in FAMILY])
 def test_each_definition_matches_its_reference(definition, device):
     kernel, reference = _for_definition()(definition), _reference(definition)
-    for seed, (lengths, scale, strided) in enumerate(CASES):
-        args = _case(definition, lengths, strided, seed, device)
+    for case in CASES:
+        case = replace(case, definition=definition.name)
+        *args, scale = build(case, device).arguments()
         output, lse = kernel(*args, scale)
         scale = definition.default_sm_scale if scale is None else scale
         expected, expected_lse = reference(*args, scale)
@@ -116,8 +83,8 @@ def test_each_definition_matches_its_reference(definition, device):
             ("output", output, expected.double(), _output_bound(expected, args, reference, scale)),
             ("lse", lse, expected_lse.double(), torch.full_like(expected_lse, LSE_BOUND, dtype=torch.float64)),
         ])
-        raise_if_any(mismatches, f"{definition.name}: lengths={lengths}, strided={strided}")
-        empty = [b for b, n in enumerate(lengths) if n == 0]  # exactly 0 and -inf (the bound passes only -inf)
+        raise_if_any(mismatches, f"{case}")
+        empty = [b for b, n in enumerate(case.lengths) if n == 0]  # exactly 0 and -inf (the bound passes only -inf)
         assert not output[empty].float().abs().sum(), f"empty sequences' output is not 0: {output[empty]}"
         assert bool((lse[empty] == -math.inf).all()), f"empty sequences' lse is not -inf: {lse[empty]}"
 
@@ -154,9 +121,9 @@ def test_shapes_the_kernel_cannot_compile_are_refused_naming_the_definition(chan
         for_definition(SimpleNamespace(**fields, paged=fields["page_size"] > 1))
 
 
-def _paged_call(device):
-    """A valid call of PAGED: sequences of 3, 0 and 65 tokens."""
-    return _case(PAGED, (3, 0, 65), False, 0, device)
+def _paged_call(device) -> list:
+    """A valid call of PAGED, sm_scale left out: sequences of 3, 0 and 65 tokens in a pool of 8 pages."""
+    return list(build(DecodeCase(lengths=(3, 0, 65), spare_pages=5, definition=PAGED.name), device).arguments())[:-1]
 
 
 @pytest.mark.parametrize(("argument", "value", "error", "message"), [
