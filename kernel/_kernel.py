@@ -88,12 +88,14 @@ def gqa_paged_decode_kernel(
         in_seq = token < seq_len
         page = tl.load(kv_indices_ptr + page_start + token // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
         slot = token % PAGE_SIZE
+        # Each token's offset into the K and V pools, once per block; a KV head and a dim add theirs.
+        k_token = page * stride_k_page + slot * stride_k_slot
+        v_token = page * stride_v_page + slot * stride_v_slot
 
         scores = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
         for g in range(NUM_KV_HEADS):
             k = tl.load(
-                k_cache_ptr + page[:, None] * stride_k_page + slot[:, None] * stride_k_slot
-                + tl.cast(g, tl.int64) * stride_k_head + offs_d[None, :] * stride_k_d,
+                k_cache_ptr + k_token[:, None] + tl.cast(g, tl.int64) * stride_k_head + offs_d[None, :] * stride_k_d,
                 mask=in_seq[:, None], other=0.0,
             )
             q_g = tl.where((kv_head_of_q == g)[:, None], q, 0.0)
@@ -108,8 +110,7 @@ def gqa_paged_decode_kernel(
         p_bf16 = p.to(tl.bfloat16)
         for g in range(NUM_KV_HEADS):
             v = tl.load(
-                v_cache_ptr + page[:, None] * stride_v_page + slot[:, None] * stride_v_slot
-                + tl.cast(g, tl.int64) * stride_v_head + offs_d[None, :] * stride_v_d,
+                v_cache_ptr + v_token[:, None] + tl.cast(g, tl.int64) * stride_v_head + offs_d[None, :] * stride_v_d,
                 mask=in_seq[:, None], other=0.0,
             )
             p_g = tl.where((kv_head_of_q == g)[:, None], p_bf16, 0.0)

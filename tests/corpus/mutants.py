@@ -151,7 +151,7 @@ MUTANTS: tuple[Mutant, ...] = (
            first="properties/test_layouts.py"),
     Mutant("v_page_stride_from_k", "strides",
            "addresses V pages with K's page stride: wrong when K and V layouts differ",
-           _kernel("page[:, None] * stride_v_page", "page[:, None] * stride_k_page"),
+           _kernel("page * stride_v_page", "page * stride_k_page"),
            first="properties/test_layouts.py"),
     # ---- empty sequences ----
     Mutant("empty_sequence_not_special_cased", "empty sequences",
@@ -219,8 +219,8 @@ MUTANTS: tuple[Mutant, ...] = (
            _kernel("page_start + token // PAGE_SIZE", "page_start + token // BLOCK_N"), definition=PAGED),
     Mutant("kv_slot_stride_assumed", "strides",
            "assumes a page's slots are num_kv_heads * head_dim apart: wrong for a head-major or padded pool",
-           (Patch(KERNEL, "slot[:, None] * stride_k_slot", "slot[:, None] * (NUM_KV_HEADS * HEAD_DIM)"),
-            Patch(KERNEL, "slot[:, None] * stride_v_slot", "slot[:, None] * (NUM_KV_HEADS * HEAD_DIM)")),
+           (Patch(KERNEL, "slot * stride_k_slot", "slot * (NUM_KV_HEADS * HEAD_DIM)"),
+            Patch(KERNEL, "slot * stride_v_slot", "slot * (NUM_KV_HEADS * HEAD_DIM)")),
            first="properties/test_layouts.py", definition=PAGED),
     Mutant("group_from_padded_heads", "head padding",
            "takes the group size from the padded head count (32 // 4 = 8, not 20 // 4 = 5): heads read the "
