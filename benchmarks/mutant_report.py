@@ -1,8 +1,8 @@
 """Run the property suite (ci profile) against every corpus mutant and print one table row per mutant.
 
-Columns: the mutant's defect class, killed or not, the property that killed it,
-examples that property ran up to its first failing one (explicit @examples
-included), wall and CPU seconds of the whole subprocess (a few seconds of it are
+Columns: the mutant's defect class, its tier and the definition it runs under (``seed``: the seed's),
+killed or not, the property that killed it, examples that property ran up to its
+first failing one (explicit @examples included), wall and CPU seconds of the whole subprocess (a few seconds of it are
 imports; CPU time is the steadier figure on a shared machine), and the size of the
 shrunk counterexample (batch, longest sequence).
 
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.corpus import MUTANTS, SuiteRun, by_name, run_suite  # noqa: E402
 
-COLUMNS = ("mutant", "class", "tier", "verdict", "killed by", "examples to 1st failure", "wall s", "cpu s", "batch",
-           "longest")
+COLUMNS = ("mutant", "class", "tier", "definition", "verdict", "killed by", "examples to 1st failure", "wall s",
+           "cpu s", "batch", "longest")
 
 
 def _property_name(node_id: str) -> str:
@@ -38,11 +38,15 @@ def _cell(value) -> str:
     return "-" if value is None else str(value).replace("|", "\\|")  # a bare | would split the markdown cell
 
 
+def _definition(mutant) -> str:
+    return mutant.definition or "seed"
+
+
 def row(run: SuiteRun) -> tuple[str, ...]:
     """One table row for one suite run."""
     return (
-        _cell(run.mutant.name), _cell(run.mutant.defect_class), run.mutant.contract, run.verdict,
-        _property_name(run.failed[0]) if run.failed else "-", _cell(run.examples_to_failure),
+        _cell(run.mutant.name), _cell(run.mutant.defect_class), run.mutant.contract, _definition(run.mutant),
+        run.verdict, _property_name(run.failed[0]) if run.failed else "-", _cell(run.examples_to_failure),
         f"{run.seconds:.1f}", _cell(run.cpu_seconds), _cell(run.batch), _cell(run.longest),
     )
 
@@ -67,9 +71,9 @@ def findings(runs: list[SuiteRun], max_batch: int) -> list[str]:
 
 
 def corpus_listing() -> str:
-    """The corpus as a markdown table: name, class, where it is killed, rationale."""
-    lines = ["| mutant | class | tier | killed on | rationale |", "|---|---|---|---|---|"]
-    lines += [f"| {m.name} | {m.defect_class} | {m.contract} | {'GPU' if m.gpu_only else 'CPU'} | "
+    """The corpus as a markdown table: name, class, tier, definition, where it is killed, rationale."""
+    lines = ["| mutant | class | tier | definition | killed on | rationale |", "|---|---|---|---|---|---|"]
+    lines += [f"| {m.name} | {m.defect_class} | {m.contract} | {_definition(m)} | {'GPU' if m.gpu_only else 'CPU'} | "
               f"{_cell(m.rationale)} |" for m in MUTANTS]
     return "\n".join(lines)
 

@@ -1,4 +1,6 @@
-"""The kernel under test: ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)``.
+"""The kernel under test: ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)``, the seed
+definition's, and ``for_definition(definition)``, the kernel of any definition of the GQA paged-decode
+family (also ``run.for_definition``).
 
 Runs on CUDA tensors natively, and on CPU tensors in Triton's interpreter when
 ``TRITON_INTERPRET=1`` is set before this package is imported.
@@ -8,6 +10,16 @@ from ._interpreter_compat import install as _install_interpreter_compat
 
 _install_interpreter_compat()
 
-from ._launch import BLOCK_N, DEFAULT_SM_SCALE, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS, PAGE_SIZE, run  # noqa: E402
+from ._launch import (  # noqa: E402
+    BLOCK_N,
+    DEFAULT_SM_SCALE,
+    HEAD_DIM,
+    NUM_KV_HEADS,
+    NUM_QO_HEADS,
+    PAGE_SIZE,
+    for_definition,
+    run,
+)
 
-__all__ = ["BLOCK_N", "DEFAULT_SM_SCALE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_QO_HEADS", "PAGE_SIZE", "run"]
+__all__ = ["BLOCK_N", "DEFAULT_SM_SCALE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_QO_HEADS", "PAGE_SIZE", "for_definition",
+           "run"]

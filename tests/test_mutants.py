@@ -15,7 +15,8 @@ import torch
 
 from properties._plugin.target import load_impl
 from properties.cases import DecodeCase, build
-from tests.corpus import CLASSES, MUTANTS, MutantPatchError, Patch, run_suite
+from reference.definitions import BUILT_IN
+from tests.corpus import CLASSES, MUTANTS, MutantPatchError, Patch, by_name, run_suite, suite_command
 from tests.corpus.materialise import KERNEL_DIR, apply_patches, materialise_package
 
 
@@ -50,6 +51,14 @@ def test_corpus_covers_every_defect_class():
     assert len([m for m in MUTANTS if m.patches]) >= 20
     missing = set(CLASSES) - {m.defect_class for m in MUTANTS}
     assert not missing, f"no mutant for {sorted(missing)}"
+
+
+def test_each_mutant_runs_under_a_built_in_definition_named_on_the_command_line(tmp_path):
+    unknown = {m.name: m.definition for m in MUTANTS if m.definition is not None and m.definition not in BUILT_IN}
+    assert not unknown, f"mutants under definitions that are not built in: {unknown}"
+    paged = by_name("last_page_read_whole")
+    assert f"--definition={paged.definition}" in suite_command(paged, "impl.py:run", tmp_path)
+    assert not [a for a in suite_command(by_name("lse_natural_log"), "impl.py:run", tmp_path) if "--definition" in a]
 
 
 @pytest.mark.parametrize("case", [DecodeCase(lengths=(3, 0, 130), values="wide", seed=1),

@@ -8,6 +8,10 @@ nothing. Only the seed is a whole file (``seed_original.py``, kept verbatim).
 ``gpu_only`` marks a mutant whose defect the CPU suite cannot reach (page ids of
 2**22 and more need a pool of about 8.6 GB; the seed refuses to run without CUDA),
 so its kill is recorded on an H200 (docs/mutants.md).
+
+``definition`` names the definition a mutant runs under (``--definition``): the seed's
+by default; the defects of last pages and of padded heads show only where pages hold
+several tokens or the head count is not a power of two.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Mutant:
         suite still runs until its first failure, so this credits no kill by itself.
     contract: the tier it is judged under: ``correct`` (the default for any --impl), or ``strict``
         where the defect breaks only a promise of this kernel's, not the contract.
+    definition: the definition the suite tests it under (``--definition=NAME``); None: the seed's.
     """
 
     name: str
@@ -52,6 +57,7 @@ class Mutant:
     gpu_only: bool = False
     first: str | None = None
     contract: str = "correct"
+    definition: str | None = None
 
     def __post_init__(self):
         if bool(self.patches) == bool(self.file):
@@ -62,14 +68,21 @@ class Mutant:
 
 CLASSES = (
     "lse base", "gqa head mapping", "online-softmax rescaling", "tail masking", "page indirection", "strides",
-    "empty sequences", "extreme logits", "precision loss", "scale", "bad input", "int32 offsets", "seed",
+    "empty sequences", "extreme logits", "precision loss", "scale", "bad input", "int32 offsets", "last page",
+    "head padding", "seed",
 )
+
+# Definitions the family's mutants run under: 64-token pages, and 20 query heads padded to 32 rows.
+PAGED = "gqa_paged_decode_h20_kv4_d128_ps64"
+PADDED = "gqa_paged_decode_h20_kv4_d128_ps1"
 
 # Lines of the kernel that several mutants patch.
 _MASKED_LOGITS = 'scores = tl.where(in_seq[None, :], scores * sm_scale, float("-inf"))'
-_PAGE_LOAD = "page = tl.load(kv_indices_ptr + page_start + token, mask=in_seq, other=0).to(tl.int64)"
+_PAGE_LOAD = "page = tl.load(kv_indices_ptr + page_start + token // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)"
 _NORMALISER = "l_i = l_i * alpha + tl.sum(p, 1)"
-_LSE_STORE = "tl.store(lse_ptrs, m_i * LOG2E + tl.log2(l_i))"
+_LSE_STORE = "tl.store(lse_ptrs, m_i * LOG2E + tl.log2(l_i)"
+_TOKENS = "(num_pages - 1) * PAGE_SIZE + last_len"
+_INT32_PAGE_LOAD = "page = tl.load(kv_indices_ptr + page_start + token // PAGE_SIZE, mask=in_seq, other=0)"
 
 
 def _kernel(old: str, new: str) -> tuple[Patch, ...]:
@@ -83,9 +96,9 @@ def _launch(old: str, new: str) -> tuple[Patch, ...]:
 MUTANTS: tuple[Mutant, ...] = (
     # ---- LSE base ----
     Mutant("lse_natural_log", "lse base", "stores the natural-log LSE where the contract says base 2",
-           _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log(l_i))")),
+           _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log(l_i)")),
     Mutant("lse_max_not_converted", "lse base", "adds the natural-log running max to a base-2 log of the sum",
-           _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log2(l_i))")),
+           _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log2(l_i)")),
     # ---- GQA head mapping ----
     Mutant("gqa_heads_interleaved", "gqa head mapping", "query head h reads KV head h % 4 instead of h // 8",
            _kernel("kv_head_of_q = offs_h // GROUP", "kv_head_of_q = offs_h % NUM_KV_HEADS")),
@@ -122,7 +135,7 @@ MUTANTS: tuple[Mutant, ...] = (
                    "offs_d[None, :] * stride_v_d,")),
     # ---- page indirection ----
     Mutant("page_table_ignored", "page indirection", "reads token t of every sequence from page t, ignoring kv_indices",
-           _kernel(_PAGE_LOAD, "page = token.to(tl.int64)")),
+           _kernel(_PAGE_LOAD, "page = (token // PAGE_SIZE).to(tl.int64)")),
     Mutant("page_table_not_offset", "page indirection",
            "reads kv_indices from 0 for every sequence, forgetting kv_indptr[b] (batch >= 2)",
            _kernel("kv_indices_ptr + page_start + token", "kv_indices_ptr + token")),
@@ -138,19 +151,19 @@ MUTANTS: tuple[Mutant, ...] = (
            first="properties/test_layouts.py"),
     Mutant("v_page_stride_from_k", "strides",
            "addresses V pages with K's page stride: wrong when K and V layouts differ",
-           _kernel("page[:, None] * stride_v_page", "page[:, None] * stride_k_page"),
+           _kernel("page * stride_v_page", "page * stride_k_page"),
            first="properties/test_layouts.py"),
     # ---- empty sequences ----
     Mutant("empty_sequence_not_special_cased", "empty sequences",
            "runs an empty sequence through the loop: 0 / 0 gives NaN output (the split-KV padding bug)",
            _kernel("if seq_len == 0:", "if seq_len < 0:")),
     Mutant("empty_sequence_lse_zero", "empty sequences", "writes LSE 0 instead of -inf for an empty sequence",
-           _kernel('tl.store(lse_ptrs, tl.full([NUM_QO_HEADS], float("-inf"), dtype=tl.float32))',
-                   "tl.store(lse_ptrs, tl.zeros([NUM_QO_HEADS], dtype=tl.float32))")),
+           _kernel('tl.store(lse_ptrs, tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)',
+                   "tl.store(lse_ptrs, tl.zeros([BLOCK_H], dtype=tl.float32)")),
     Mutant("empty_sequence_output_unwritten", "empty sequences",
            "never stores the zero output of an empty sequence: it keeps whatever torch.empty held",
-           _kernel("tl.store(out_ptrs, tl.zeros([NUM_QO_HEADS, HEAD_DIM], dtype=tl.float32)"
-                   ".to(output_ptr.dtype.element_ty))\n        ", "")),
+           _kernel("tl.store(out_ptrs, tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32).to(output_ptr.dtype.element_ty),"
+                   "\n                 mask=is_head[:, None])\n        ", "")),
     # ---- extreme logits: finite sentinels, max initialisation ----
     Mutant("finite_mask_sentinel", "extreme logits",
            "masks padding with -5e4 (FlashInfer's bug): it dominates when every real logit is below it",
@@ -158,8 +171,8 @@ MUTANTS: tuple[Mutant, ...] = (
            first="properties/test_hostile_values.py"),
     Mutant("max_initialised_finite", "extreme logits",
            "starts the running max at -1e4, not -inf: all weights underflow when every logit is far below",
-           _kernel('m_i = tl.full([NUM_QO_HEADS], float("-inf"), dtype=tl.float32)',
-                   "m_i = tl.full([NUM_QO_HEADS], -1.0e4, dtype=tl.float32)"),
+           _kernel('m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)',
+                   "m_i = tl.full([BLOCK_H], -1.0e4, dtype=tl.float32)"),
            first="properties/test_hostile_values.py"),
     Mutant("running_max_not_monotone", "extreme logits",
            "uses each block's own max, not the running max: exp overflows when an earlier block was far larger",
@@ -179,7 +192,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("scale_ignored", "scale", "never multiplies the logits by sm_scale",
            _kernel(_MASKED_LOGITS, 'scores = tl.where(in_seq[None, :], scores, float("-inf"))')),
     Mutant("default_scale_one_over_head_dim", "scale", "defaults sm_scale to 1/128 instead of 1/sqrt(128)",
-           _launch("DEFAULT_SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)", "DEFAULT_SM_SCALE = 1.0 / HEAD_DIM")),
+           _launch("return 1.0 / math.sqrt(head_dim)", "return 1.0 / head_dim")),
     Mutant("negative_scale_made_positive", "scale", "takes abs(sm_scale): a negative scale gives the wrong softmax",
            _launch("return float(sm_scale)", "return abs(float(sm_scale))"),
            first="properties/test_hostile_values.py"),
@@ -193,11 +206,39 @@ MUTANTS: tuple[Mutant, ...] = (
                   "if math.isinf(float(torch.tensor(float(sm_scale), dtype=torch.float32))):")),
            # The contract leaves a NaN scale to policy (refuse or compute); this kernel promises a ValueError.
            contract="strict"),
+    # ---- the family: pages of several tokens, head counts that are not powers of two ----
+    Mutant("last_page_length_short", "last page",
+           "reads kv_last_page_len as the last slot's index: each sequence loses its last token",
+           _kernel(_TOKENS, f"{_TOKENS} - 1"), definition=PAGED),
+    Mutant("last_page_read_whole", "last page",
+           "reads every slot of the last page: the unused slots' junk (NaN, Inf) joins the softmax",
+           _kernel(_TOKENS, "num_pages * PAGE_SIZE"), definition=PAGED),
+    Mutant("page_index_wrong_divisor", "page indirection",
+           "divides the token index by the block size (128), not the page size (64), to find its page: "
+           "sequences of more than one page read the wrong pages",
+           _kernel("page_start + token // PAGE_SIZE", "page_start + token // BLOCK_N"), definition=PAGED),
+    Mutant("kv_slot_stride_assumed", "strides",
+           "assumes a page's slots are num_kv_heads * head_dim apart: wrong for a head-major or padded pool",
+           (Patch(KERNEL, "slot * stride_k_slot", "slot * (NUM_KV_HEADS * HEAD_DIM)"),
+            Patch(KERNEL, "slot * stride_v_slot", "slot * (NUM_KV_HEADS * HEAD_DIM)")),
+           first="properties/test_layouts.py", definition=PAGED),
+    Mutant("group_from_padded_heads", "head padding",
+           "takes the group size from the padded head count (32 // 4 = 8, not 20 // 4 = 5): heads read the "
+           "wrong KV heads",
+           _kernel("NUM_QO_HEADS // NUM_KV_HEADS", "BLOCK_H // NUM_KV_HEADS"), definition=PADDED),
     # ---- GPU only ----
     Mutant("page_offset_int32", "int32 offsets",
            "page_id * page_stride in int32: wraps once page ids reach 2**22 (pools of >= 4.2M pages)",
-           _kernel(_PAGE_LOAD, "page = tl.load(kv_indices_ptr + page_start + token, mask=in_seq, other=0)"),
-           gpu_only=True),
+           _kernel(_PAGE_LOAD, _INT32_PAGE_LOAD), gpu_only=True),
+    Mutant("page_offset_int32_paged", "int32 offsets",
+           "page_id * page_stride in int32 with 64-token pages (stride 32,768 elements): wraps from page 2**16 on "
+           "(pools of >= 65,536 pages, 8.6 GB of K+V)",
+           _kernel(_PAGE_LOAD, _INT32_PAGE_LOAD), gpu_only=True, definition=PAGED),
+    Mutant("padded_heads_unmasked", "head padding",
+           "masks heads against the padded count (32), not 20: the padded rows load the next sequence's q and "
+           "store over its first 12 heads (a race on a GPU; in the interpreter programs run in order and the next "
+           "one overwrites them, and the last program's rows land past the output)",
+           _kernel("is_head = offs_h < NUM_QO_HEADS", "is_head = offs_h < BLOCK_H"), gpu_only=True, definition=PADDED),
     Mutant("seed_original", "seed",
            "the seed kernel and wrapper verbatim; on CPU its run() refuses to start without CUDA, so it is "
            "killed meaningfully only on a GPU (int32 offsets, unread last-dim strides, unchecked page ids)",

@@ -68,13 +68,15 @@ class SuiteRun:
 def suite_command(mutant: Mutant, impl_spec: str, workdir: Path, *, device: str = "auto", shrink: bool = True,
                   explicit: bool = True, record: Path | None = None) -> list[str]:
     """The pytest command that runs the whole property suite (ci profile) against ``impl_spec``, one process,
-    stopping at the first failure; case files go under ``workdir``, no run report."""
+    under the mutant's definition, stopping at the first failure; case files go under ``workdir``, no run report."""
     command = [
         sys.executable, "-m", "pytest", "properties", "-p", "no:cacheprovider", "-p", "tests.corpus.plugin",
         "-n0", "-x", "-q", "--hypothesis-profile=ci", f"--device={device}", f"--impl={impl_spec}",
         f"--contract={mutant.contract}",
         f"--failures-dir={Path(workdir) / ('failures-' + mutant.name)}", "--run-report=none",
     ]
+    if mutant.definition:
+        command.append(f"--definition={mutant.definition}")
     if mutant.first:
         command.append(f"--corpus-first={mutant.first}")
     if not shrink:

@@ -25,12 +25,13 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
     lse = torch.empty((batch, 32), dtype=torch.float32, device=q.device)
     scale = _launch.DEFAULT_SM_SCALE if sm_scale is None else float(sm_scale)
     gqa_paged_decode_kernel[(batch,)](
-        q, k_cache, v_cache, kv_indptr.contiguous(), far, scale, output, lse,
+        q, k_cache, v_cache, kv_indptr.contiguous(), far, None, scale, output, lse,
         q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(2), k_cache.stride(3),
-        v_cache.stride(0), v_cache.stride(2), v_cache.stride(3),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         output.stride(0), output.stride(1), output.stride(2),
         lse.stride(0), lse.stride(1),
-        NUM_QO_HEADS=32, NUM_KV_HEADS=4, HEAD_DIM=128, BLOCK_N=_launch.BLOCK_N, num_warps=4, num_stages=2,
+        NUM_QO_HEADS=32, NUM_KV_HEADS=4, HEAD_DIM=128, PAGE_SIZE=1, BLOCK_H=32, BLOCK_N=_launch.BLOCK_N,
+        num_warps=4, num_stages=2,
     )
     return output, lse
