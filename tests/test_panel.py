@@ -4,18 +4,28 @@ They are written differently from this project's kernel on purpose (split-KV wit
 splits, two-pass softmax, tokens last to first, P rounded to bf16, float32 throughout,
 CPU tensors, their own error types and wording; two are Triton kernels, run here in the
 interpreter). A property that fails one of them is a bug of the suite, not of the panel.
+
+Each member serves every definition of the family (``run.for_definition``); CI runs each on
+the seed's definition and on two others: 20 query heads in groups of 5 (not a power of two)
+with pages of one token, and 24 in groups of 6 with pages of 64 tokens.
 """
+
+import importlib
+import inspect
 
 import pytest
 
+from reference.definitions import BUILT_IN, SEED_NAME
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 PANEL = sorted(path.name for path in (ROOT / "tests" / "impls").glob("panel_*.py"))
+DEFINITIONS = (SEED_NAME, "gqa_paged_decode_h20_kv4_d128_ps1", "gqa_paged_decode_h24_kv4_d128_ps64")
 
 
-# The ci profile, at a quarter of its examples: two panel members are Triton kernels that the interpreter
-# runs several times slower than ours, and CI has 2 cores. The H200 runs thousands per member (docs/gpu.md).
-EXAMPLES = "--max-examples=10"
+# The ci profile, at a tenth of its examples per definition: two panel members are Triton kernels that the interpreter
+# runs several times slower than ours, each member runs under three definitions, and CI has 2 cores. The H200 runs
+# thousands per member (docs/gpu.md).
+EXAMPLES = "--max-examples=4"
 
 
 def _suite(tmp_path, *args: str):
@@ -28,10 +38,23 @@ def test_the_panel_is_there():
 
 
 @pytest.mark.parametrize("impl", PANEL)
+def test_each_member_serves_every_built_in_definition(impl):
+    """``for_definition`` accepts each definition of the family and returns an entry point taking its arguments,
+    in its order (``kv_last_page_len`` before ``sm_scale`` with pages of several tokens)."""
+    run = importlib.import_module(f"tests.impls.{impl.removesuffix('.py')}").run
+    for definition in BUILT_IN.values():
+        served = run.for_definition(definition)
+        assert tuple(inspect.signature(served).parameters) == definition.arguments, definition.name
+
+
+@pytest.mark.parametrize("impl", PANEL)
 def test_a_correct_implementation_passes_the_correct_tier(tmp_path, impl):
-    result = _suite(tmp_path, "properties", "--contract=correct", f"--impl=tests/impls/{impl}:run")
+    result = _suite(tmp_path, "properties", "-v", "--contract=correct", f"--impl=tests/impls/{impl}:run",
+                    f"--definition={','.join(DEFINITIONS)}")
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
     assert "contract tier correct" in result.stdout
+    for name in DEFINITIONS:  # each definition ran, the bound checked under it
+        assert f"test_output_and_lse_within_error_bound[{name}] PASSED" in result.stdout, name
 
 
 def test_a_wrong_triton_kernel_that_is_not_ours_fails_in_the_interpreter(tmp_path):
