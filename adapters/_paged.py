@@ -15,11 +15,13 @@ that use it waive ``input_validation``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["Call", "Tokens", "gather_tokens", "read_call", "unit_last_stride"]
+__all__ = ["Call", "Tokens", "empty_result", "example_call", "gather_tokens", "read_call", "reference_of",
+           "unit_last_stride"]
 
 
 class Call(NamedTuple):
@@ -107,3 +109,45 @@ def gather_tokens(call: Call) -> Tokens:
         keys, values = keys[keep], values[keep]
     cu = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
     return Tokens(keys, values, lengths, cu.to(call.k_cache.device))
+
+
+# ---- small calls for smoke tests -----------------------------------------------------------
+
+_JUNK = float("nan")  # where no token is: must never reach a result
+
+
+def example_call(definition, lengths: list[int], seed: int, sm_scale: float = 0.07) -> tuple:
+    """A valid call for ``definition`` (a reference.definitions.Definition), in its argument order: one sequence per
+    entry of ``lengths``, shuffled page ids in a pool with spare pages, NaN in every slot no token uses."""
+    gen = torch.Generator().manual_seed(seed)
+    size = definition.page_size
+    pages = [-(-n // size) for n in lengths]
+    pool = sum(pages) + 3
+    ids = torch.randperm(pool, generator=gen)[:sum(pages)].to(torch.int32)
+    shape = (pool, size, definition.num_kv_heads, definition.head_dim)
+    k_cache, v_cache = (torch.full(shape, _JUNK, dtype=torch.bfloat16) for _ in range(2))
+    offset = 0
+    for n, count in zip(lengths, pages):
+        for i in range(n):  # token i of this sequence: page ids[offset + i // size], slot i % size
+            page, slot = int(ids[offset + i // size]), i % size
+            k_cache[page, slot] = torch.randn(shape[2:], generator=gen).to(torch.bfloat16)
+            v_cache[page, slot] = torch.randn(shape[2:], generator=gen).to(torch.bfloat16)
+        offset += count
+    q = torch.randn((len(lengths), definition.num_qo_heads, definition.head_dim), generator=gen).to(torch.bfloat16)
+    indptr = torch.tensor([0, *torch.tensor(pages, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32)
+    last = [n - (count - 1) * size if count else 0 for n, count in zip(lengths, pages)]
+    paged = (torch.tensor(last, dtype=torch.int32),) if definition.paged else ()
+    return (q, k_cache, v_cache, indptr, ids, *paged, sm_scale)
+
+
+def reference_of(definition) -> Callable:
+    """The definition file's own float32 ``run`` (its ``reference`` source, from this repository's built-in files)."""
+    namespace: dict = {}
+    exec(compile(definition.reference, f"<{definition.name} reference>", "exec"), namespace)  # noqa: S102
+    return namespace["run"]
+
+
+def empty_result(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, lse) of a batch of no sequences: no engine launches attention for it, so no library is asked."""
+    q = call.q
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(q.shape[:2], device=q.device)

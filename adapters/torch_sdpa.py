@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ._paged import Call, Tokens, gather_tokens, read_call, unit_last_stride
+from adapters._paged import Call, Tokens, empty_result, gather_tokens, read_call, unit_last_stride
 
 __all__ = ["cudnn", "cudnn_as_served", "efficient", "efficient_as_served", "flash", "flash_as_served", "math"]
 
@@ -69,11 +69,6 @@ def _lse_rows(lse: torch.Tensor, batch: int, heads: int, backend: str) -> torch.
         raise RuntimeError(f"{backend}: unexpected LSE shape {tuple(lse.shape)} for {batch} sequences of {heads} "
                            "heads (this adapter reads [H, B], or [B, H, ...] with the query token first)")
     return (rows.float() * _LOG2_E).contiguous()
-
-
-def _empty_batch(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-    q = call.q
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(q.shape[:2], device=q.device)
 
 
 def _repeat_heads(tensor: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
@@ -175,7 +170,7 @@ def _attend(backend: str, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     if backend != "math":
         _needs_cuda(call, backend)
     if call.q.shape[0] == 0:
-        return _empty_batch(call)
+        return empty_result(call)
     return _BACKENDS[backend](call, gather_tokens(call))
 
 

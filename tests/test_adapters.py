@@ -47,38 +47,6 @@ def test_sglang_gives_nan_for_an_empty_sequence(tmp_path):
 
 # ---- PyTorch's attention backends (adapters/torch_sdpa.py) ----------------------------------
 
-_JUNK = float("nan")  # in unreferenced pages and unused last-page slots: must never reach a result
-
-
-def _paged_call(definition: definitions.Definition, lengths: list[int], seed: int) -> tuple:
-    """A valid call for ``definition``: shuffled page ids in a pool with spare pages, NaN wherever no token is."""
-    gen = torch.Generator().manual_seed(seed)
-    size = definition.page_size
-    pages = [-(-n // size) for n in lengths]
-    pool = sum(pages) + 3
-    ids = torch.randperm(pool, generator=gen)[:sum(pages)].to(torch.int32)
-    shape = (pool, size, definition.num_kv_heads, definition.head_dim)
-    k_cache, v_cache = (torch.full(shape, _JUNK, dtype=torch.bfloat16) for _ in range(2))
-    offset = 0
-    for n, count in zip(lengths, pages):
-        for i in range(n):  # token i of this sequence: page ids[offset + i // size], slot i % size
-            page, slot = int(ids[offset + i // size]), i % size
-            k_cache[page, slot] = torch.randn(shape[2:], generator=gen).to(torch.bfloat16)
-            v_cache[page, slot] = torch.randn(shape[2:], generator=gen).to(torch.bfloat16)
-        offset += count
-    q = torch.randn((len(lengths), definition.num_qo_heads, definition.head_dim), generator=gen).to(torch.bfloat16)
-    indptr = torch.tensor([0, *torch.tensor(pages, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32)
-    last = [n - (count - 1) * size if count else 0 for n, count in zip(lengths, pages)]
-    paged = (torch.tensor(last, dtype=torch.int32),) if definition.paged else ()
-    return (q, k_cache, v_cache, indptr, ids, *paged, 0.07)
-
-
-def _reference(definition: definitions.Definition):
-    namespace: dict = {}
-    exec(compile(definition.reference, f"<{definition.name} reference>", "exec"), namespace)  # noqa: S102 - our file
-    return namespace["run"]
-
-
 @pytest.mark.parametrize("name", sorted(definitions.BUILT_IN))
 def test_torch_math_matches_each_definitions_float32_reference(name):
     """Within one bf16 rounding step of the definition's float32 reference (both compute in float32 and round the
@@ -86,9 +54,9 @@ def test_torch_math_matches_each_definitions_float32_reference(name):
     definition = definitions.BUILT_IN[name]
     size = definition.page_size
     lengths = [0, 1, 5, size, size + 1, 2 * size + 3, 0, 70]
-    call = _paged_call(definition, lengths, seed=len(name))
+    call = _paged.example_call(definition, lengths, seed=len(name))
     output, lse = torch_sdpa.math.for_definition(definition)(*call)
-    expected_output, expected_lse = _reference(definition)(*call)
+    expected_output, expected_lse = _paged.reference_of(definition)(*call)
     assert output.shape == expected_output.shape and output.dtype == torch.bfloat16
     assert lse.shape == expected_lse.shape and lse.dtype == torch.float32
     torch.testing.assert_close(output.float(), expected_output.float(), rtol=2**-7, atol=1e-6)
@@ -100,9 +68,10 @@ def test_torch_math_matches_each_definitions_float32_reference(name):
 
 def test_torch_math_takes_the_default_scale_and_an_empty_batch():
     definition = definitions.BUILT_IN["gqa_paged_decode_h32_kv4_d128_ps64"]
-    q, k_cache, v_cache, indptr, ids, last, _ = _paged_call(definition, [3, 65], seed=1)
+    q, k_cache, v_cache, indptr, ids, last, _ = _paged.example_call(definition, [3, 65], seed=1)
     output, lse = torch_sdpa.math(q, k_cache, v_cache, indptr, ids, last)
-    expected = _reference(definition)(q, k_cache, v_cache, indptr, ids, last, 1 / math.sqrt(definition.head_dim))
+    reference = _paged.reference_of(definition)
+    expected = reference(q, k_cache, v_cache, indptr, ids, last, 1 / math.sqrt(definition.head_dim))
     torch.testing.assert_close(lse, expected[1], rtol=1e-5, atol=1e-5)
     output, lse = torch_sdpa.math(q[:0], k_cache, v_cache, indptr[:1], ids[:0], last[:0], 0.1)
     assert output.shape == (0, 32, 128) and lse.shape == (0, 32)
@@ -110,7 +79,7 @@ def test_torch_math_takes_the_default_scale_and_an_empty_batch():
 
 def test_a_paged_pool_without_kv_last_page_len_is_refused():
     definition = definitions.BUILT_IN["gqa_paged_decode_h20_kv4_d128_ps64"]
-    q, k_cache, v_cache, indptr, ids, _, scale = _paged_call(definition, [3], seed=2)
+    q, k_cache, v_cache, indptr, ids, _, scale = _paged.example_call(definition, [3], seed=2)
     with pytest.raises(ValueError, match="kv_last_page_len"):
         _paged.read_call(q, k_cache, v_cache, indptr, ids, scale)
 
@@ -135,7 +104,7 @@ def test_torch_entries_declare_themselves(entry):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 @pytest.mark.parametrize("entry", ["flash", "efficient", "cudnn"])
 def test_fused_torch_backends_refuse_cpu_tensors(entry):
-    call = _paged_call(definitions.SEED, [2], seed=3)
+    call = _paged.example_call(definitions.SEED, [2], seed=3)
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         getattr(torch_sdpa, entry)(*call)
 
