@@ -144,3 +144,12 @@ def test_torch_math_passes_the_central_properties(tmp_path, name):
                     "negative_infinite_lse", f"--definition={name}", "--impl=adapters/torch_sdpa.py:math")
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
     assert "waives input_validation" in result.stdout, result.stdout
+
+
+@needs_sglang
+@pytest.mark.skipif(not _SUITE_TAKES_DEFINITIONS, reason="the suite has no --definition option yet")
+def test_sglang_as_served_passes_the_central_property_with_pages_of_64_tokens(tmp_path):
+    """Pages of several tokens go to SGLang's kernel as token slots with its page_size (adapters/sglang_decode.py)."""
+    result = _suite(tmp_path, "properties/test_decode.py::test_output_and_lse_within_error_bound",
+                    "--definition=gqa_paged_decode_h20_kv4_d128_ps64", "--impl=adapters/sglang_decode.py:run_as_served")
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
