@@ -21,13 +21,15 @@ What is called
     a page and 0 for an empty one, as an engine fills it. Index tensors are passed as int32 (the module
     FlashInfer compiles is specialised on the index type; engines pass int32).
 
-use_tensor_cores (a knob)
-    ``False``: the CUDA-core decode kernel, compiled for query groups 1, 2, 3, 4 and 8 only
-    (``DISPATCH_GQA_GROUP_SIZE``, include/flashinfer/utils.cuh; any other group is refused at run time
-    with "Unsupported group_size"). ``True``: the decode computed by FlashInfer's FlashAttention-2 prefill
-    templates, any group (what SGLang and vLLM choose for groups above 4). The suite draws both for the
-    definitions whose group the decode kernel has; ``for_definition`` gives groups 5 and 6 (h5 kv1,
-    h20 kv4, h24 kv4, h48 kv8) an entry that only takes ``True``, and says so.
+use_tensor_cores (a knob: None, True)
+    FlashInfer has two decode kernels. Its default (``use_tensor_cores=False``) is the CUDA-core decode
+    kernel, compiled for query groups 1, 2, 3, 4 and 8 only (``DISPATCH_GQA_GROUP_SIZE``,
+    include/flashinfer/utils.cuh; any other group fails at run time with "Unsupported group_size").
+    ``True`` computes decode with its FlashAttention-2 prefill templates, any group (what SGLang and
+    vLLM choose for groups above 4). ``None`` (the first value, toward which failures shrink): the
+    default kernel where it has the group, else tensor cores; ``True``: tensor cores. So groups 5 and 6
+    (h5 kv1, h20 kv4, h24 kv4, h48 kv8) run the tensor-core kernel only, under either value; every
+    other definition runs both. ``for_definition`` refuses only head dims other than 64, 128, 256.
 
 Declarations
     ``run``: the whole contract except input validation (FlashInfer checks shapes, not page ids or
@@ -84,39 +86,32 @@ def _decode(call: Call, use_tensor_cores: bool) -> tuple[torch.Tensor, torch.Ten
     return output, lse
 
 
-def _entry(name: str, waives: tuple[str, ...], tensor_cores: tuple[bool, ...]) -> Callable:
-    def entry(q, k_cache, v_cache, kv_indptr, kv_indices, *rest, use_tensor_cores: bool = tensor_cores[0]):
-        return _decode(read_call(q, k_cache, v_cache, kv_indptr, kv_indices, *rest), use_tensor_cores)
+def _entry(name: str, waives: tuple[str, ...]) -> Callable:
+    def entry(q, k_cache, v_cache, kv_indptr, kv_indices, *rest, use_tensor_cores: bool | None = None):
+        call = read_call(q, k_cache, v_cache, kv_indptr, kv_indices, *rest)
+        if use_tensor_cores is None:  # FlashInfer's default kernel where it has the group, else tensor cores
+            use_tensor_cores = q.shape[1] // k_cache.shape[2] not in _DECODE_GROUPS
+        return _decode(call, use_tensor_cores)
+
+    def for_definition(definition):
+        """``entry`` for ``definition``; ValueError for a head dim FlashInfer's decode is not built for."""
+        if definition.head_dim not in _HEAD_DIMS:
+            raise ValueError(f"FlashInfer decode does not serve {definition.name}: head_dim={definition.head_dim} "
+                             f"(its decode is built for {_HEAD_DIMS})")
+        return entry
 
     entry.__name__ = entry.__qualname__ = name
     entry.__doc__ = ("FlashInfer's BatchDecodeWithPagedKVCacheWrapper on the contract's arguments (either argument "
                      "order); returns (output [B, H, D] bf16, lse [B, H] float32 base 2).")
     entry.returns_lse = True
     entry.waives = waives
-    entry.knobs = {"use_tensor_cores": tensor_cores}
+    entry.knobs = {"use_tensor_cores": (None, True)}
+    entry.for_definition = for_definition
     return entry
 
 
-def _with_for_definition(name: str, waives: tuple[str, ...]) -> Callable:
-    both = _entry(name, waives, (False, True))
-    tensor_cores_only = _entry(f"{name}[tensor cores]", waives, (True,))
-
-    def for_definition(definition):
-        """The entry for ``definition``: both kernels where the decode kernel has its group, else the tensor-core
-        one only; ValueError for a head dim FlashInfer's decode is not built for."""
-        if definition.head_dim not in _HEAD_DIMS:
-            raise ValueError(f"FlashInfer decode does not serve {definition.name}: head_dim={definition.head_dim} "
-                             f"(its decode is built for {_HEAD_DIMS})")
-        if definition.group in _DECODE_GROUPS:
-            return both
-        return tensor_cores_only
-
-    both.for_definition = tensor_cores_only.for_definition = for_definition
-    return both
-
-
-run = _with_for_definition("run", ("input_validation",))
-run_as_served = _with_for_definition("run_as_served", ("empty_sequences", "input_validation"))
+run = _entry("run", ("input_validation",))
+run_as_served = _entry("run_as_served", ("empty_sequences", "input_validation"))
 
 
 # ---- smoke test: python -m adapters.flashinfer_decode ---------------------------------------
@@ -133,9 +128,9 @@ def _smoke() -> int:
         call = tuple(a.cuda() if isinstance(a, torch.Tensor) else a
                      for a in example_call(definition, [1, 7, 64, 65, 300], seed=0))
         expected_output, expected_lse = reference_of(definition)(*call)
-        for use_tensor_cores in (False, True):
+        for use_tensor_cores in (None, True):
             start = time.perf_counter()
-            output, lse = run.for_definition(definition)(*call, use_tensor_cores=use_tensor_cores)
+            output, lse = run(*call, use_tensor_cores=use_tensor_cores)
             torch.cuda.synchronize()
             seconds = time.perf_counter() - start
             error = (output.float() - expected_output.float()).abs().max().item()
