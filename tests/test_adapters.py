@@ -15,7 +15,7 @@ import torch
 
 from adapters import _paged, torch_sdpa
 from reference import definitions
-from tests.pytest_runs import ROOT, clean_environment, run_pytest
+from tests.pytest_runs import clean_environment, run_pytest
 
 needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
                                   reason="the sglang wheel is not installed (pip install --no-deps sglang)")
@@ -130,12 +130,6 @@ def test_backend_lse_layouts_read_as_batch_by_heads_in_base_2(shape):
         torch_sdpa._lse_rows(lse, 4, 32, "test")
 
 
-# The suite runs the family once its --definition option is there (being added on main); until then the
-# tests above hold the adapter to each definition's own reference.
-_SUITE_TAKES_DEFINITIONS = "--definition" in (ROOT / "properties" / "_plugin" / "plugin.py").read_text()
-
-
-@pytest.mark.skipif(not _SUITE_TAKES_DEFINITIONS, reason="the suite has no --definition option yet")
 @pytest.mark.parametrize("name", ["gqa_paged_decode_h20_kv4_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps64"])
 def test_torch_math_passes_the_central_properties(tmp_path, name):
     result = _suite(tmp_path, "properties/test_decode.py::test_output_and_lse_within_error_bound",
@@ -147,7 +141,6 @@ def test_torch_math_passes_the_central_properties(tmp_path, name):
 
 
 @needs_sglang
-@pytest.mark.skipif(not _SUITE_TAKES_DEFINITIONS, reason="the suite has no --definition option yet")
 def test_sglang_as_served_passes_the_central_property_with_pages_of_64_tokens(tmp_path):
     """Pages of several tokens go to SGLang's kernel as token slots with its page_size (adapters/sglang_decode.py)."""
     result = _suite(tmp_path, "properties/test_decode.py::test_output_and_lse_within_error_bound",
