@@ -120,9 +120,14 @@ def _padded(tokens: Tokens, padded_length: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def _cudnn(call: Call, tokens: Tokens) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, heads, _ = call.q.shape
     longest = max(tokens.lengths)
-    keys, values, bias = _padded(tokens, -(-longest // _CUDNN_KEY_ALIGN) * _CUDNN_KEY_ALIGN)
+    return _cudnn_padded(call, *_padded(tokens, -(-longest // _CUDNN_KEY_ALIGN) * _CUDNN_KEY_ALIGN))
+
+
+def _cudnn_padded(call: Call, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuDNN on the padded batch: keys and values [B, L, Hkv, D], bias [B, L]."""
+    batch, heads, _ = call.q.shape
     keys, values = (_repeat_heads(t, heads, 2).transpose(1, 2) for t in (keys, values))  # [B, H, L, D]
     output, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
         unit_last_stride(call.q)[:, :, None, :], keys, values, bias[:, None, None, :].expand(-1, heads, 1, -1),

@@ -130,6 +130,26 @@ def test_backend_lse_layouts_read_as_batch_by_heads_in_base_2(shape):
         torch_sdpa._lse_rows(lse, 4, 32, "test")
 
 
+def _meta(*shape: int, dtype=torch.bfloat16) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def test_fused_torch_backends_bind_to_torchs_ops_and_read_their_lse_layouts():
+    """On meta tensors torch runs each op's shape function, not a kernel: the adapter's arguments bind to this
+    torch's schemas, and the LSE each op returns reads back as [B, H]."""
+    batch, heads, kv_heads, dim, tokens = 3, 20, 4, 128, 50
+    call = _paged.Call(_meta(batch, heads, dim), _meta(1, 1, kv_heads, dim), _meta(1, 1, kv_heads, dim),
+                       _meta(batch + 1, dtype=torch.int32), _meta(tokens, dtype=torch.int32), None, 0.1)
+    ragged = _paged.Tokens(_meta(tokens, kv_heads, dim), _meta(tokens, kv_heads, dim), [20, 0, 30],
+                           _meta(batch + 1, dtype=torch.int32))
+    results = {"flash": torch_sdpa._flash(call, ragged), "efficient": torch_sdpa._efficient(call, ragged),
+               "cudnn": torch_sdpa._cudnn_padded(call, _meta(batch, 32, kv_heads, dim), _meta(batch, 32, kv_heads, dim),
+                                                 _meta(batch, 32))}
+    for backend, (output, lse) in results.items():
+        assert (tuple(output.shape), tuple(lse.shape), lse.dtype) == ((batch, heads, dim), (batch, heads),
+                                                                      torch.float32), backend
+
+
 @pytest.mark.parametrize("name", ["gqa_paged_decode_h20_kv4_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps64"])
 def test_torch_math_passes_the_central_properties(tmp_path, name):
     result = _suite(tmp_path, "properties/test_decode.py::test_output_and_lse_within_error_bound",
