@@ -1,16 +1,28 @@
-"""SGLang's Triton decode attention (grouped path, page size 1) under this suite's contract.
+"""SGLang's Triton decode attention (grouped path, any page size) under this suite's contract.
 
 Use: ``pytest properties --impl=adapters/sglang_decode.py:run`` with the ``sglang`` wheel installed
-(``pip install --no-deps sglang`` is enough; written against sglang 0.5.23).
+(``pip install --no-deps sglang`` is enough; written against sglang 0.5.23). Both entries serve every
+definition of the family (``for_definition``; ``--definition=all``): page size 1 and larger pages.
+
+Pages of several tokens
+    SGLang's kernel indexes tokens, not pages: ``kv_indptr`` counts tokens and ``kv_indices`` holds token
+    slots of a ``[slots, KV heads, D]`` pool; with ``page_size=N`` it splits each slot into page id
+    (``slot // N``) and position (``slot % N``) and addresses ``page * page_stride + position *
+    slot_stride``. SGLang's engine builds those slots from its ``req_to_token`` table. For a definition
+    with pages of N tokens the adapter does the same from the contract's page table: slot = page id * N
+    + position, the first ``(pages - 1) * N + kv_last_page_len`` slots of each sequence, in the caller's
+    index dtype (int32 stays int32; a pool whose slots pass int32 is refused, naming kv_indices), and
+    passes ``k_cache.flatten(0, 1)`` (a view for a pool whose pages are contiguous in their tokens,
+    else a copy) with ``page_size=N``, as ``TritonAttnBackend`` passes its ``page_size``.
 
 What is called
     ``decode_attention_fwd`` from ``sglang.kernels.ops.attention.decode_attention`` (0.5.23; older
-    wheels have it at ``sglang.srt.layers.attention.triton_ops.decode_attention``). With 32 query
-    heads over 4 KV heads it takes the grouped path: stage 1 (``_fwd_grouped_kernel_stage1``) splits
-    each sequence over ``num_kv_splits[b]`` blocks and writes float32 partial outputs and natural-log
-    partial LSEs into ``attn_logits`` / ``attn_lse``; stage 2 (``_fwd_kernel_stage2``) merges them
-    into the bf16 output. Stage 2 stores no merged LSE, so this adapter returns ``(output, None)``
-    and sets ``run.returns_lse = False``; it does not compute an LSE of its own.
+    wheels have it at ``sglang.srt.layers.attention.triton_ops.decode_attention``). With query
+    groups above 1 (every definition of the family) it takes the grouped path: stage 1
+    (``_fwd_grouped_kernel_stage1``) splits each sequence over ``num_kv_splits[b]`` blocks and writes
+    float32 partial outputs and natural-log partial LSEs into ``attn_logits`` / ``attn_lse``; stage 2
+    (``_fwd_kernel_stage2``) merges them into the bf16 output. Stage 2 stores no merged LSE, so this
+    adapter returns ``(output, None)`` and sets ``run.returns_lse = False``; it computes no LSE of its own.
 
 How the module is imported
     First the ordinary import. Without SGLang's server dependencies that fails: importing any
@@ -34,16 +46,17 @@ How the module is imported
     (SGLang's cache redirection) behind; both are rolled back before the fallback.
 
 How the kernel is called (as ``TritonAttnBackend.forward_decode`` calls it, eager mode)
-    - ``k_cache[:, 0]`` / ``v_cache[:, 0]`` (a view, [P, 4, 128]) as the 3-D token pool; q as given.
+    - ``k_cache.flatten(0, 1)`` / ``v_cache.flatten(0, 1)`` ([P * page size, KV heads, D]; for page size 1
+      a view) as the 3-D token pool; q as given.
       The kernel indexes the last dimension of q, K and V with unit stride and ``kv_indptr`` /
       ``kv_indices`` as flat arrays, so exactly those are made contiguous when they are not.
       No dtype is converted: the kernel takes int32 or int64 indices as given (SGLang's backend
       itself passes int32 ``kv_indptr`` and int64 ``kv_indices``).
-    - output ``torch.empty`` like q; ``attn_logits`` [B, 32, S, 128] and ``attn_lse`` [B, 32, S]
+    - output ``torch.empty`` like q; ``attn_logits`` [B, H, S, D] and ``attn_lse`` [B, H, S]
       float32 ``torch.empty`` with S = max_kv_splits, as the backend's eager path allocates them.
     - k_scale = v_scale = 1.0 (bf16 cache), no logit cap, no sinks, no score_mod, Lean decode off
       (it is ROCm-only), ``use_pdl`` on CUDA devices of compute capability 9+ (as the backend).
-    - sm_scale: the caller's value as a Python float, default 1/sqrt(128).
+    - sm_scale: the caller's value as a Python float, default 1/sqrt(head dim).
 
 num_kv_splits
     ``None`` (default): max_kv_splits = 8 (``--triton-attention-num-kv-splits`` default) and a
@@ -66,13 +79,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 import os
 import sys
 import types
 
 import numpy as np
 import torch
+
+from adapters._paged import Call, read_call, unit_last_stride
 
 __all__ = ["run", "run_as_served"]
 
@@ -83,7 +97,6 @@ _MODULE_PATHS = (
 _DEFAULT_MAX_KV_SPLITS = 8  # --triton-attention-num-kv-splits default
 _STAND_IN_CORES = 132  # H200 SM count, used when there is no CUDA device (interpreter runs)
 _HEAD_TILE = 16  # stage-1 heads per program (decode_attention._GROUPED_BLOCK_H)
-_DEFAULT_SCALE = 1.0 / math.sqrt(128)
 
 # ---- import ----------------------------------------------------------------------------------
 
@@ -230,28 +243,50 @@ def _split_counts(kv_indptr: torch.Tensor, num_heads: int, num_kv_heads: int, re
 # ---- the contract ----------------------------------------------------------------------------
 
 
-def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
+def _token_slots(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kv_indptr over tokens, kv_indices of token slots) for pages of several tokens, as SGLang's engine builds them
+    from ``req_to_token``: slot = page id * page_size + position in the page, in the caller's index dtype."""
+    size = call.page_size
+    bounds = call.kv_indptr.tolist()
+    counts = torch.tensor([b - a for a, b in zip(bounds, bounds[1:])], dtype=torch.int64)
+    last = call.kv_last_page_len.to(torch.int64).cpu()
+    tokens = torch.where(counts > 0, (counts - 1) * size + last, 0)
+    device = call.kv_indices.device
+    pages = call.kv_indices[bounds[0]:bounds[-1]].to(torch.int64)
+    slots = (pages[:, None] * size + torch.arange(size, device=device)).reshape(-1)
+    # keep the first `tokens` slots of each sequence's pages
+    starts = torch.repeat_interleave(counts.cumsum(0) - counts, tokens) * size
+    within = torch.arange(int(tokens.sum())) - torch.repeat_interleave(tokens.cumsum(0) - tokens, tokens)
+    slots = slots[(starts + within).to(device)]
+    dtype = call.kv_indices.dtype
+    if dtype == torch.int32 and slots.numel() and int(slots.max()) > 2**31 - 1:
+        raise ValueError("kv_indices: token slots pass int32 in this pool; pass int64 page ids")
+    indptr = torch.cat([tokens.new_zeros(1), tokens.cumsum(0)]).to(call.kv_indptr.dtype)
+    return indptr.to(call.kv_indptr.device), slots.to(dtype)
 
 
-def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, *, num_kv_splits=None):
-    """SGLang's ``decode_attention_fwd`` on the contract's arguments; returns ``(output, None)``."""
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, *rest, num_kv_splits=None):
+    """SGLang's ``decode_attention_fwd`` on the contract's arguments (either argument order); returns
+    ``(output, None)``."""
+    call = read_call(q, k_cache, v_cache, kv_indptr, kv_indices, *rest)
     kernel = _kernel_module
     device = q.device
     batch, num_heads, head_dim = q.shape
-    k_pool = _unit_last_stride(k_cache[:, 0])
-    v_pool = _unit_last_stride(v_cache[:, 0])
-    kv_indptr = kv_indptr.contiguous()
-    kv_indices = kv_indices.contiguous()
+    size = call.page_size
+    k_pool = unit_last_stride(k_cache.flatten(0, 1))  # [P * page_size, KV heads, D]: SGLang's token pool
+    v_pool = unit_last_stride(v_cache.flatten(0, 1))
+    if call.kv_last_page_len is None:
+        kv_indptr, kv_indices = kv_indptr.contiguous(), kv_indices.contiguous()
+    else:
+        kv_indptr, kv_indices = _token_slots(call)
     splits, max_splits = _split_counts(kv_indptr, num_heads, k_pool.shape[-2], num_kv_splits, device)
     output = torch.empty(q.shape, dtype=q.dtype, device=device)
     attn_logits = torch.empty((batch, num_heads, max_splits, v_pool.shape[-1]), dtype=torch.float32, device=device)
     attn_lse = torch.empty((batch, num_heads, max_splits), dtype=torch.float32, device=device)
     use_pdl = device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
     kernel.decode_attention_fwd(
-        _unit_last_stride(q), k_pool, v_pool, output, kv_indptr, kv_indices, attn_logits, attn_lse,
-        splits, max_splits, _DEFAULT_SCALE if sm_scale is None else float(sm_scale), 1.0, 1.0,
-        use_pdl=use_pdl,
+        unit_last_stride(q), k_pool, v_pool, output, kv_indptr, kv_indices, attn_logits, attn_lse,
+        splits, max_splits, call.sm_scale, 1.0, 1.0, use_pdl=use_pdl, page_size=size,
     )
     return output, None
 
@@ -260,13 +295,24 @@ run.knobs = {"num_kv_splits": (None, 1, 2, 3, 4, 8, 16)}
 run.returns_lse = False
 
 
-def run_as_served(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, *, num_kv_splits=None):
+def run_as_served(q, k_cache, v_cache, kv_indptr, kv_indices, *rest, num_kv_splits=None):
     """``run``, declared as SGLang's engine uses it: it never sends an empty sequence (padding rows get
     length 1) nor a page id outside the pool, so those parts of the contract are waived (docs/findings.md
     has what ``run`` does with them)."""
-    return run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, num_kv_splits=num_kv_splits)
+    return run(q, k_cache, v_cache, kv_indptr, kv_indices, *rest, num_kv_splits=num_kv_splits)
 
 
 run_as_served.knobs = run.knobs
 run_as_served.returns_lse = False
 run_as_served.waives = ("empty_sequences", "input_validation")
+
+
+def _serves(entry):
+    def for_definition(definition):
+        """``entry`` for ``definition``: SGLang's grouped decode takes any group, head dim and page size."""
+        return entry
+    return for_definition
+
+
+run.for_definition = _serves(run)
+run_as_served.for_definition = _serves(run_as_served)

@@ -1,0 +1,153 @@
+"""What several adapters share: reading the contract's arguments for any definition of the family, and gathering
+each sequence's tokens out of the paged pool for libraries that take dense or ragged K/V.
+
+Argument order (reference/definitions.py, ``Definition.arguments``): page size 1 is
+``(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)``; larger pages put ``kv_last_page_len``
+before ``sm_scale``. An adapter's entry takes both, told apart by arity and by what the sixth
+argument is (a 1-D tensor is ``kv_last_page_len``; ``sm_scale`` is a number, a 0-d tensor or None).
+
+The gather is this adapter layer's, not the library's: ``index_select`` on the pool (64-bit
+offsets) and a mask for the unused slots of each last page. It checks nothing the contract
+asks a kernel to refuse (a page id outside the pool reads out of bounds on a GPU): adapters
+that use it waive ``input_validation``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["Call", "Tokens", "empty_result", "example_call", "gather_tokens", "read_call", "reference_of",
+           "unit_last_stride"]
+
+
+class Call(NamedTuple):
+    """The contract's arguments with ``kv_last_page_len`` (None for page size 1) and the scale resolved."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last_page_len: torch.Tensor | None
+    sm_scale: float
+
+    @property
+    def page_size(self) -> int:
+        return self.k_cache.shape[1]
+
+
+def _is_page_lengths(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 1
+
+
+def read_call(q, k_cache, v_cache, kv_indptr, kv_indices, *rest) -> Call:
+    """The contract's call for either argument order; ``rest`` is ``(sm_scale?)`` or ``(kv_last_page_len, sm_scale?)``.
+
+    A pool of pages larger than one token without ``kv_last_page_len`` is refused (ValueError naming it):
+    without it the last page's length is unknown.
+    """
+    if len(rest) > 2:
+        raise TypeError(f"expected at most 7 arguments (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, "
+                        f"sm_scale), got {5 + len(rest)}")
+    last, scale = (rest if len(rest) == 2 else
+                   (rest[0], None) if rest and _is_page_lengths(rest[0]) else (None, rest[0] if rest else None))
+    if last is None and k_cache.dim() >= 2 and k_cache.shape[1] != 1:
+        raise ValueError(f"k_cache has pages of {k_cache.shape[1]} tokens but no kv_last_page_len was given "
+                         "(page size 1 takes none; larger pages need it before sm_scale)")
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return Call(q, k_cache, v_cache, kv_indptr, kv_indices, last, sm_scale)
+
+
+def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dimension is contiguous (what kernels index with unit stride), else a copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class Tokens(NamedTuple):
+    """Every sequence's keys and values, sequence after sequence in token order, and where each starts."""
+
+    keys: torch.Tensor  # [total tokens, num_kv_heads, head_dim]
+    values: torch.Tensor
+    lengths: list[int]  # tokens per sequence
+    cu_seqlens: torch.Tensor  # [B + 1] int32 on the pool's device: sequence b is tokens cu[b]:cu[b+1]
+
+
+def _token_counts(call: Call, bounds: list[int]) -> list[int]:
+    pages = [bounds[b + 1] - bounds[b] for b in range(len(bounds) - 1)]
+    if call.kv_last_page_len is None:
+        return pages
+    last = call.kv_last_page_len.tolist()
+    return [(n - 1) * call.page_size + last[b] if n > 0 else 0 for b, n in enumerate(pages)]
+
+
+def _page_keep_mask(call: Call, bounds: list[int], referenced: int) -> torch.Tensor:
+    """[referenced pages * page_size] bool: slot j of a page holds a token (j < tokens in that page)."""
+    device = call.k_cache.device
+    per_page = torch.full((referenced,), call.page_size, dtype=torch.int64, device=device)
+    with_pages = [b for b in range(len(bounds) - 1) if bounds[b + 1] > bounds[b]]
+    if with_pages:
+        last_pages = torch.tensor([bounds[b + 1] - 1 - bounds[0] for b in with_pages], device=device)
+        per_page[last_pages] = call.kv_last_page_len.to(device=device, dtype=torch.int64)[with_pages]
+    slots = torch.arange(call.page_size, device=device)
+    return (slots[None, :] < per_page[:, None]).reshape(-1)
+
+
+def gather_tokens(call: Call) -> Tokens:
+    """Each sequence's K/V tokens copied out of the pool (only the pages the batch references)."""
+    bounds = call.kv_indptr.tolist()
+    lengths = _token_counts(call, bounds)
+    pages = call.kv_indices[bounds[0]:bounds[-1]].to(torch.int64) if bounds else call.kv_indices[:0].long()
+    heads, dim = call.k_cache.shape[-2:]
+    keys = call.k_cache.index_select(0, pages).reshape(-1, heads, dim)
+    values = call.v_cache.index_select(0, pages).reshape(-1, heads, dim)
+    if call.kv_last_page_len is not None and call.page_size > 1:
+        keep = _page_keep_mask(call, bounds, pages.numel())
+        keys, values = keys[keep], values[keep]
+    cu = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
+    return Tokens(keys, values, lengths, cu.to(call.k_cache.device))
+
+
+# ---- small calls for smoke tests -----------------------------------------------------------
+
+_JUNK = float("nan")  # where no token is: must never reach a result
+
+
+def example_call(definition, lengths: list[int], seed: int, sm_scale: float = 0.07) -> tuple:
+    """A valid call for ``definition`` (a reference.definitions.Definition), in its argument order: one sequence per
+    entry of ``lengths``, shuffled page ids in a pool with spare pages, NaN in every slot no token uses."""
+    gen = torch.Generator().manual_seed(seed)
+    size = definition.page_size
+    pages = [-(-n // size) for n in lengths]
+    pool = sum(pages) + 3
+    ids = torch.randperm(pool, generator=gen)[:sum(pages)].to(torch.int32)
+    shape = (pool, size, definition.num_kv_heads, definition.head_dim)
+    k_cache, v_cache = (torch.full(shape, _JUNK, dtype=torch.bfloat16) for _ in range(2))
+    offset = 0
+    for n, count in zip(lengths, pages):
+        for i in range(n):  # token i of this sequence: page ids[offset + i // size], slot i % size
+            page, slot = int(ids[offset + i // size]), i % size
+            k_cache[page, slot] = torch.randn(shape[2:], generator=gen).to(torch.bfloat16)
+            v_cache[page, slot] = torch.randn(shape[2:], generator=gen).to(torch.bfloat16)
+        offset += count
+    q = torch.randn((len(lengths), definition.num_qo_heads, definition.head_dim), generator=gen).to(torch.bfloat16)
+    indptr = torch.tensor([0, *torch.tensor(pages, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32)
+    last = [n - (count - 1) * size if count else 0 for n, count in zip(lengths, pages)]
+    paged = (torch.tensor(last, dtype=torch.int32),) if definition.paged else ()
+    return (q, k_cache, v_cache, indptr, ids, *paged, sm_scale)
+
+
+def reference_of(definition) -> Callable:
+    """The definition file's own float32 ``run`` (its ``reference`` source, from this repository's built-in files)."""
+    namespace: dict = {}
+    exec(compile(definition.reference, f"<{definition.name} reference>", "exec"), namespace)  # noqa: S102
+    return namespace["run"]
+
+
+def empty_result(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, lse) of a batch of no sequences: no engine launches attention for it, so no library is asked."""
+    q = call.q
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(q.shape[:2], device=q.device)
