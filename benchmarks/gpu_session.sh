@@ -4,6 +4,9 @@
 #   bash benchmarks/gpu_session.sh panel     # the correct panel, >= 10,000 examples each (correct tier)
 #   bash benchmarks/gpu_session.sh faults    # the verbatim seed on every worker, a faulting kernel under -n0
 #   bash benchmarks/gpu_session.sh profile   # cProfile of the heaviest properties, one process each
+#   bash benchmarks/gpu_session.sh family    # our kernel (strict) on every built-in definition and a definition
+#                                            # file, at the gpu profile; the plain -n auto on the seed's, with
+#                                            # BEFORE=dir the same for an older checkout in the same call
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -79,6 +82,22 @@ speed)
   rm -rf "$OUT/runs"
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log  # few files come back
   ;;
+family)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  python3 -c 'import torch, triton, hypothesis; print("torch", torch.__version__, "triton", triton.__version__,
+              "hypothesis", hypothesis.__version__)' | tee -a "$OUT/summary.txt"
+  step kernel_family "${FAMILY_LIMIT:-330}" "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
+    --definition=all --run-report=reports-family
+  report=$(ls -t reports-family/*/report.md 2>/dev/null | head -n 1)
+  [ -n "$report" ] && cp "$report" "$OUT/family_report.md"
+  step definition_file 120 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --run-report=none \
+    --definition=tests/definitions/gqa_paged_decode_h16_kv2_d128_ps16.json
+  step plain_after 150 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2
+  if [ -n "${BEFORE:-}" ]; then
+    step plain_before 150 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2"
+  fi
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
 profile)
   # Where single properties spend their time in one process (-n 0): a first pass fills the Triton cache, the
   # second runs under cProfile; its top functions per property go to one file. PROPERTIES and EXAMPLES override.
@@ -130,7 +149,7 @@ faults)
   tar czf "$OUT/failures.tgz" failures
   ;;
 *)
-  echo "usage: $0 suite|panel|faults|speed|profile" >&2
+  echo "usage: $0 suite|family|panel|faults|speed|profile" >&2
   exit 2
   ;;
 esac
