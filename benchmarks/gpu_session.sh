@@ -86,15 +86,15 @@ family)
   nvidia-smi -L | tee "$OUT/summary.txt"
   python3 -c 'import torch, triton, hypothesis; print("torch", torch.__version__, "triton", triton.__version__,
               "hypothesis", hypothesis.__version__)' | tee -a "$OUT/summary.txt"
-  step kernel_family "${FAMILY_LIMIT:-330}" "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
+  step kernel_family "${FAMILY_LIMIT:-270}" "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
     --definition=all --run-report=reports-family
   report=$(ls -t reports-family/*/report.md 2>/dev/null | head -n 1)
   [ -n "$report" ] && cp "$report" "$OUT/family_report.md"
-  step definition_file 120 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --run-report=none \
+  step definition_file 70 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --run-report=none \
     --definition=tests/definitions/gqa_paged_decode_h16_kv2_d128_ps16.json
-  step plain_after 150 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2
+  step plain_after 110 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2
   if [ -n "${BEFORE:-}" ]; then
-    step plain_before 150 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2"
+    step plain_before 110 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2"
   fi
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
