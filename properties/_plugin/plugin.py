@@ -331,6 +331,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "implementation that waives empty_sequences")
     config.addinivalue_line("markers", "input_validation: a claim about calls the contract forbids; skipped "
                                        "for an implementation that waives input_validation")
+    config.addinivalue_line("markers", "destination_passing: a claim about destination-passing calls; skipped for "
+                                       "an implementation that returns its results")
     config.stash[PLAN] = _run_plan(config)
     if not _starts_workers(config):
         _start(config)

@@ -189,6 +189,8 @@ class SuiteRun:
             "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
             else None,
             "strict": "a strict-tier claim (--contract=strict)" if self.state.contract != "strict" else None,
+            "destination_passing": "the implementation returns its results (not destination-passing)"
+            if not self.state.target.destination_passing_style else None,
             **{name: f"the implementation waives {name}: {WAIVERS[name]}" if name in self.state.target.waives
                else None for name in WAIVERS},
         }
