@@ -15,31 +15,32 @@ from reference import definitions
 from tests import solution_files
 from tests.pytest_runs import clean_environment, run_module, run_pytest
 
-CLAIMS = ("properties/test_decode.py::test_output_and_lse_within_error_bound", "properties/test_destinations.py")
+CENTRAL = "properties/test_decode.py::test_output_and_lse_within_error_bound"
+DESTINATIONS = "properties/test_destinations.py"  # holds a destination-passing call to the bound too
 
 
 def _run(solution: Path, failures: Path, *args: str):
+    claim = CENTRAL if "returning" in solution.stem else DESTINATIONS  # one claim each keeps CI cheap
     env = clean_environment(GQA_DECODE_FAILURES_DIR=str(failures), GQA_DECODE_REPORT_DIR="none")
-    return run_pytest(*CLAIMS, "-n0", "--hypothesis-profile=ci", "--max-examples=4", f"--impl={solution}", *args,
+    return run_pytest(claim, "-n0", "--hypothesis-profile=ci", "--max-examples=3", f"--impl={solution}", *args,
                       env=env)
 
 
 @pytest.mark.parametrize(("variant", "verdict"), [
     ("python_returning", "passed"),
     ("python_dps", "passed"),
-    ("python_dps_last_head_unwritten", "left 128 of 4096 elements of output [1, 32, 128] unwritten"),
+    ("python_dps_last_head_unwritten", "elements of output [3, 32, 128] unwritten (first at seq=0, head=31, dim=0)"),
     ("python_dps_row_past_output", "wrote outside output: 4096 elements after its end changed"),
     ("triton_returning", "passed"),
     ("triton_dps", "passed"),
-    ("triton_dps_last_head_unwritten", "elements of output"),
+    ("triton_dps_last_head_unwritten", "elements of output [3, 32, 128] unwritten (first at seq=0, head=31, dim=0)"),
 ])
 def test_a_solution_file_gets_its_verdict(tmp_path, variant, verdict):
     result = _run(solution_files.write(tmp_path, variant), tmp_path / "failures")
     said = result.stdout + result.stderr
     assert f"solution {variant!r}" in said, said[-3000:]
     if verdict == "passed":
-        destination_claim = "1 skipped" if "returning" in variant else "2 passed"
-        assert result.returncode == 0 and destination_claim in said.splitlines()[-1], said[-3000:]
+        assert result.returncode == 0 and "1 passed" in said.splitlines()[-1], said[-3000:]
     else:
         assert result.returncode == 1 and verdict in said, said[-3000:]
         assert "DestinationError" in said
@@ -98,7 +99,8 @@ def _cuda(tmp_path: Path, binding: str | None = "torch", bound: bool = True) -> 
     kernel = ("#include <torch/extension.h>\n"
               "std::vector<torch::Tensor> decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,\n"
               "    torch::Tensor kv_indptr, torch::Tensor kv_indices, double sm_scale) {\n"
-              "  return {torch::zeros_like(q), torch::zeros({q.size(0), q.size(1)}, q.options().dtype(torch::kFloat))};\n"
+              "  auto lse = torch::zeros({q.size(0), q.size(1)}, q.options().dtype(torch::kFloat));\n"
+              "  return {torch::zeros_like(q), lse};\n"
               "}\n")
     spec = {"language": "cuda", "entry_point": "main.cpp::run", "destination_passing_style": False}
     if binding:
