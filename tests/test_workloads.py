@@ -99,3 +99,19 @@ def test_a_workload_the_suite_cannot_build_is_a_usage_error(tmp_path):
     result = run_pytest("properties/test_decode.py", "-n0", f"--workloads={path}",
                         env=clean_environment(GQA_DECODE_REPORT_DIR="none"))
     assert result.returncode == 4 and "input 'kv_indptr' of type 'random' is not supported" in result.stderr
+
+
+def test_a_paged_workload_counts_tokens_with_the_last_page_length(tmp_path):
+    paged = definitions.by_name("gqa_paged_decode_h32_kv4_d128_ps64")
+    _write_safetensors(tmp_path / BLOB, {"kv_indptr": [0, 2, 2, 3], "kv_indices": [5, 1, 9],
+                                         "kv_last_page_len": [10, 0, 64]})
+    blob = lambda key: {"type": "safetensors", "path": BLOB, "tensor_key": key}  # noqa: E731
+    line = {"definition": paged.name, "workload": {"uuid": "p1", "axes": {"num_pages": 12}, "inputs": {
+        "q": {"type": "random"}, "kv_indptr": blob("kv_indptr"), "kv_indices": blob("kv_indices"),
+        "kv_last_page_len": blob("kv_last_page_len"), "sm_scale": {"type": "scalar", "value": 0.1}}}}
+    (tmp_path / "paged.jsonl").write_text(json.dumps(line) + "\n")
+    case = workload_case(read_workloads(tmp_path / "paged.jsonl")[0], paged)
+    assert case.lengths == (74, 0, 64) and case.given_pages == (5, 1, 9) and case.definition == paged.name
+    inputs = build(case, observe=False)
+    assert inputs.kv_indices.tolist() == [5, 1, 9] and inputs.kv_last_page_len.tolist() == [10, 0, 64]
+    assert inputs.k_cache.shape[:2] == (12, 64)
