@@ -29,11 +29,11 @@ def _run(solution: Path, failures: Path, *args: str):
 @pytest.mark.parametrize(("variant", "verdict"), [
     ("python_returning", "passed"),
     ("python_dps", "passed"),
-    ("python_dps_last_head_unwritten", "elements of output [3, 32, 128] unwritten (first at seq=0, head=31, dim=0)"),
+    ("python_dps_last_head_unwritten", "unwritten (first at seq=0, head=31, dim=0)"),
     ("python_dps_row_past_output", "wrote outside output: 4096 elements after its end changed"),
     ("triton_returning", "passed"),
     ("triton_dps", "passed"),
-    ("triton_dps_last_head_unwritten", "elements of output [3, 32, 128] unwritten (first at seq=0, head=31, dim=0)"),
+    ("triton_dps_last_head_unwritten", "unwritten (first at seq=0, head=31, dim=0)"),
 ])
 def test_a_solution_file_gets_its_verdict(tmp_path, variant, verdict):
     result = _run(solution_files.write(tmp_path, variant), tmp_path / "failures")

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import NAMESPACE, sibling
-from . import destinations, gpus
+from . import gpus
 
 DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
 
@@ -153,6 +153,8 @@ class Target:
                     raise ImplSpecError(f"--impl={self.spec!r}: for_definition({definition.name}) returned "
                                         f"{type(function).__name__}, not a callable")
             if self.destination_passing_style:  # the outputs as its last arguments, in the definition's order
+                from . import destinations  # imports torch: not before an xdist controller starts its workers
+
                 function = destinations.returning(function, definition)
             self._bound[definition.name] = in_definition_order(function, definition)
         return self._bound[definition.name]
