@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # The two public AccelOpt Solution files for this family through --impl=FILE on a GPU, and each failure's replay.
-# The suite does not redistribute them (the AccelOpt repository states no license) and this script fetches
-# nothing: copy them from github.com/zhang677/AccelOpt, samples/fib/, into a folder and name it:
-#   gqa_paged_decode_h32_kv4_d128_ps1_179eaadd8f774d70a52e6932d7f5f0f8.json
-#   gqa_paged_decode_h32_kv8_d128_ps1_0cb2d36f3f91486f95befba29bfa03bf.json
-# Usage: bash benchmarks/accelopt_solutions.sh DIR [pytest arguments...]   (summaries in $OUT, default ./accelopt-out)
+# Copies of them (Apache-2.0, unchanged) are in tests/solutions/ (its README says where they come from); this
+# script fetches nothing. Any folder of gqa_paged_decode_*.json Solution files works the same way.
+# Usage: bash benchmarks/accelopt_solutions.sh [DIR [pytest arguments...]]   (summaries in $OUT, default ./accelopt-out)
 set -uo pipefail
-DIR=${1:?usage: bash benchmarks/accelopt_solutions.sh DIR [pytest arguments...]}
-shift
+DIR=${1:-tests/solutions}
+shift || true
 OUT=${OUT:-accelopt-out}
 mkdir -p "$OUT"
 for solution in "$DIR"/gqa_paged_decode_*.json; do

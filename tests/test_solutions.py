@@ -133,3 +133,21 @@ def test_a_cuda_solution_builds_and_runs(tmp_path):
     q = torch.zeros(2, 32, 128, dtype=torch.bfloat16, device="cuda")
     output, lse = target.function(q, None, None, None, None, None)
     assert output.shape == (2, 32, 128) and lse.shape == (2, 32)
+
+
+PUBLIC = sorted((Path(__file__).parent / "solutions").glob("gqa_paged_decode_*.json"))
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name[:40])
+def test_the_public_accelopt_solutions_are_read_and_called_as_they_return(path):
+    """Their kernels autotune over several configs (GPU only); what CI can check is how the suite will call them:
+    the spec omits destination_passing_style, and their run takes the definition's six arguments."""
+    solution = solutions.read_solution(path)
+    assert solution.author == "AccelOpt" and solution.language == "triton"
+    assert solution.destination_passing_style is None
+    assert path.name.startswith(solution.definition)
+    result = run_pytest("properties/test_decode.py", "--collect-only", "-q", f"--impl={path}",
+                        env=clean_environment(GQA_DECODE_REPORT_DIR="none"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"definition {solution.definition}" in result.stdout  # the solution's own
+    assert "return style: the spec does not say, and run takes the definition's 6 arguments" in result.stdout
