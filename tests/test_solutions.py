@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from properties._plugin import solutions
-from properties._plugin.target import ImplSpecError, load_target
+from properties._plugin.destinations import DestinationError, call_in_destination_style
+from properties._plugin.target import ImplSpecError, load_callable, load_target
 from reference import definitions
 from tests import solution_files
 from tests.pytest_runs import clean_environment, run_module, run_pytest
@@ -67,12 +68,35 @@ def test_the_convention_not_stated_is_read_from_the_signature(tmp_path):
     assert dps.destination_passing_style and "takes 8 arguments" in dps.convention
 
 
+@pytest.mark.parametrize(("variant", "trouble"), [("python_dps", None),
+                                                  ("python_dps_row_past_output", "wrote outside output")])
+def test_the_adapter_runs_apart_from_the_implementation(tmp_path, variant, trouble):
+    """What an isolated run does: the child calls ``load_callable``'s function (destinations as its last
+    arguments), the checker's process adapts whatever forwards the call to it, and checks the guard bands."""
+    from properties.cases import DecodeCase, build
+
+    function = load_callable(str(solution_files.write(tmp_path, variant)))
+    forwarded = lambda *args: function(*args)  # noqa: E731 - stands in for the call sent to a child
+    inputs = build(DecodeCase(lengths=(2, 0, 3)), observe=False)
+    if trouble is None:
+        output, lse = call_in_destination_style(forwarded, definitions.SEED, tuple(inputs)[:6])
+        assert output.shape == (3, 32, 128) and bool((lse[1] == float("-inf")).all())
+    else:
+        with pytest.raises(DestinationError, match=trouble):
+            call_in_destination_style(forwarded, definitions.SEED, tuple(inputs)[:6])
+
+
 def test_a_definition_that_disagrees_is_refused(tmp_path):
     path = solution_files.write(tmp_path, "python_dps")
     other = definitions.by_name("gqa_paged_decode_h32_kv8_d128_ps1")
     with pytest.raises(ImplSpecError, match="implements 'gqa_paged_decode_h32_kv4_d128_ps1' but --definition="):
         load_target(str(path), definition=other)
     assert load_target(str(path)).definition == definitions.SEED
+    result = run_pytest("properties/test_decode.py", "--collect-only", "-q", f"--impl={path}",
+                        "--definition=gqa_paged_decode_h32_kv8_d128_ps1",
+                        env=clean_environment(GQA_DECODE_REPORT_DIR="none"))
+    assert result.returncode == 4 and "implements 'gqa_paged_decode_h32_kv4_d128_ps1' but --definition" in \
+        result.stderr, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -47,7 +47,7 @@ from . import gpus
 DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
 
 __all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "check_spec", "confirm_device", "device_type",
-           "in_definition_order", "load_impl", "load_target", "resolve_device"]
+           "in_definition_order", "load_callable", "load_impl", "load_target", "resolve_device"]
 
 
 class DeviceError(ValueError):
@@ -198,6 +198,16 @@ def load_target(spec: str, root: Path | None = None, definition: Any = None) -> 
         raise ImplSpecError(f"--impl={spec!r}: waives must be a tuple drawn from {tuple(WAIVERS)}, got {waives!r}")
     return Target(spec, function, returns_lse, _declared_knobs(spec, function), frozenset(waives),
                   destination_passing_style=dps, convention=convention, solution=solution, definition=definition)
+
+
+def load_callable(spec: str, root: Path | None = None) -> Callable:
+    """What the process that runs the implementation calls (this one, or an isolated child): ``load_impl``'s
+    callable, or a Solution file's entry point. A destination-passing one still takes ``output, lse``: the
+    checker's process adapts it (``Target.serving``: ``destinations.returning`` around whatever forwards the call),
+    so the guard bands are checked where the implementation cannot reach them."""
+    if _is_solution(spec):
+        return _load_solution(spec, root, None)[1]
+    return load_impl(spec, root)
 
 
 def _is_solution(spec: str) -> bool:
