@@ -16,7 +16,7 @@ import math
 import struct
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -55,6 +55,8 @@ class DecodeCase:
     index_layout: dtype and contiguity of kv_indptr and kv_indices (``INDEX_LAYOUTS``).
     definition: the name of the contract's definition (``reference.definitions``); None: the active one
         (``active_definition``), as in explicit examples written for any definition.
+    given_pages: page ids as given (a benchmark workload's kv_indices, ``properties/workloads.py``), one per
+        page, used with ``page_layout="given"``: the pool then holds ``max(given_pages) + 1 + spare_pages`` pages.
 
     ``lengths`` count tokens; with pages of several tokens a sequence of n tokens owns ceil(n / page_size)
     pages and its last page holds the rest (``kv_last_page_len``), its unused slots junk.
@@ -71,6 +73,7 @@ class DecodeCase:
     kv_layout: str = "separate"
     index_layout: str = "int32"
     definition: str | None = None
+    given_pages: tuple[int, ...] = field(default=(), repr=False)  # thousands of ids: the repr says "given"
 
     @property
     def batch(self) -> int:
@@ -151,6 +154,12 @@ def _shared_prefix_tokens(lengths: tuple[int, ...], gen: torch.Generator) -> int
 def page_ids(case: DecodeCase, gen: torch.Generator) -> tuple[torch.Tensor, int]:
     """kv_indices (int64, CPU) for the case's layout, and the pool size (in pages)."""
     lengths = tuple(page_counts(case.lengths, case.shape.page_size))
+    if case.page_layout == "given":
+        if len(case.given_pages) != sum(lengths):
+            raise ValueError(f"page_layout='given' needs one page id per page: {len(case.given_pages)} ids for "
+                             f"{sum(lengths)} pages")
+        given = torch.tensor(case.given_pages, dtype=torch.int64)
+        return given, (int(given.max()) + 1 if given.numel() else 0) + case.spare_pages
     if case.page_layout == "shared_prefix":
         prefix = _shared_prefix_tokens(lengths, gen)
         distinct = prefix + sum(n - prefix for n in lengths if n > 0)

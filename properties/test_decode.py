@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 
 from ._plugin.plugin import current_run
 from .cases import build
@@ -14,7 +14,15 @@ from .strategies import decode_cases
 LIMITS = current_run().limits
 
 
+def _with_workloads(test):
+    """``--workloads``: each benchmark workload an explicit example (run before anything is generated)."""
+    for case in current_run().workload_cases:
+        test = example(case=case)(test)
+    return test
+
+
 @given(case=decode_cases(limits=LIMITS))
+@_with_workloads
 def test_output_and_lse_within_error_bound(impl, device, case):
     checked = run_and_check(impl, build(case, device), f"case {case}")
     steer_toward_the_bound(checked.worst_ratio)

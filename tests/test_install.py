@@ -3,11 +3,14 @@
 Installs this checkout with pip into a temporary directory (no dependencies: they are
 this environment's), then runs pytest from an empty directory with only that install on
 the path: the ``pytest11`` entry point loads the plugin, and the packages live under
-``gqa_decode_fuzz`` (no top-level ``kernel``, ``reference`` or ``properties``).
+``gqa_decode_fuzz`` (no top-level ``kernel``, ``reference`` or ``properties``). The editable
+install (``pip install -e``, the README's quick start) goes into a virtual environment of its
+own, whose ``.pth`` files are read, with this environment's packages on its path.
 """
 
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -47,3 +50,32 @@ def test_installed_default_target_is_the_installed_kernel(installed, tmp_path):
     result = _pytest_elsewhere(installed, tmp_path, "--pyargs", "gqa_decode_fuzz.properties", "--collect-only", "-q")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "impl gqa_decode_fuzz.kernel:run" in result.stdout and "contract tier strict" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def editable(tmp_path_factory):
+    """A virtual environment with this checkout installed editable (``pip install -e``); its python."""
+    venv = tmp_path_factory.mktemp("editable")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    (venv / purelib / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--prefix", str(venv), "-e",
+                    str(ROOT)], check=True, capture_output=True, timeout=600)
+    return python
+
+
+def test_editable_install_runs_a_solution_file_from_another_folder(editable, tmp_path):
+    """The checkout's conftest.py is read too (the collected files are the checkout's): it must not register the
+    plugin a second time (``ValueError: option names {'--impl'} already added``)."""
+    from tests import solution_files
+
+    solution = solution_files.write(tmp_path, "python_returning")
+    result = subprocess.run(
+        [str(editable), "-m", "pytest", "-p", "no:cacheprovider", "--hypothesis-profile=ci", "-n", "0",
+         "--run-report=none", "--max-examples=2", "--pyargs", "gqa_decode_fuzz.properties.test_decode",
+         f"--impl={solution}"],
+        cwd=tmp_path, env=clean_environment(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "solution 'python_returning'" in result.stdout and "2 passed" in result.stdout

@@ -258,11 +258,12 @@ class ArtifactBudget:
 
 def save_case(
     directory: Path, record: Recorder, *, error: str, impl_spec: str, device: torch.device, profile: str,
-    run_id: str, hypothesis_output: str = "", device_readable: bool = True,
+    run_id: str, hypothesis_output: str = "", device_readable: bool = True, solution: dict | None = None,
 ) -> Path:
     """Write the example ``record`` holds as a case file; return its path.
 
-    ``device_readable=False`` after a sticky CUDA error: only built arguments are kept then.
+    ``device_readable=False`` after a sticky CUDA error: only built arguments are kept then. ``solution``: the
+    Solution file under test (``path``, ``sha256``, ``name``), which replay rebuilds the implementation from.
     """
     directory.mkdir(parents=True, exist_ok=True)
     nodeid = record.nodeid or "unknown"
@@ -272,6 +273,7 @@ def save_case(
         "error": error[:_TEXT_LIMIT],
         "hypothesis_output": hypothesis_output[:_TEXT_LIMIT],
         "impl": impl_spec,
+        "solution": solution,
         "device": str(device),
         "device_name": device_name(device),
         "versions": versions(),

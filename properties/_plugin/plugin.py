@@ -43,6 +43,7 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # noqa: E402
 
+from .. import sibling  # noqa: E402
 from . import mps, mps_server, profiles, shards  # noqa: E402
 from .target import (  # noqa: E402
     DEFAULT_IMPL,
@@ -96,9 +97,10 @@ _OPTIONS = (
     # flag, environment variable, default, type, choices, metavar, help
     ("--impl", "GQA_DECODE_IMPL", DEFAULT_IMPL, str, None, "TARGET",
      "implementation under test: 'package.module:function' or 'path/to/file.py:function'"),
-    ("--definition", "GQA_DECODE_DEFINITION", "gqa_paged_decode_h32_kv4_d128_ps1", str, None, "NAME",
+    ("--definition", "GQA_DECODE_DEFINITION", None, str, None, "NAME",
      "the contract: a built-in definition's name, path/to/definition.json (a FlashInfer-Bench Definition file), "
-     "a comma-separated list of them, or all (the built-in family; each property runs once per definition)"),
+     "a comma-separated list of them, or all (the built-in family; each property runs once per definition); "
+     "default: gqa_paged_decode_h32_kv4_d128_ps1, or a Solution file's own"),
     ("--device", "GQA_DECODE_DEVICE", "auto", str, ("auto", "cpu", "cuda"), None,
      "where the kernel runs: cuda, cpu (Triton interpreter), or auto (cuda when available)"),
     ("--contract", "GQA_DECODE_CONTRACT", "auto", str, CONTRACTS, None,
@@ -123,6 +125,9 @@ _OPTIONS = (
      "most megabytes of case files one run writes (each file is at most 4 MB)"),
     ("--run-report", "GQA_DECODE_REPORT_DIR", "reports", str, None, "DIR",
      "where the run report goes, one folder per run; 'none' for no report"),
+    ("--workloads", "GQA_DECODE_WORKLOADS", None, str, None, "FILE.jsonl",
+     "FlashInfer-Bench workloads (flashinfer-trace JSONL) of the definition under test: each becomes an "
+     "explicit example of the central property"),
 )
 
 
@@ -177,6 +182,7 @@ class RunState:
     worker: str | None  # the xdist worker id, None outside xdist workers
     controller: bool
     claims_dir: Path
+    workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the central property
 
 
 PLAN = pytest.StashKey[RunPlan]()
@@ -272,19 +278,21 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
 
 def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     """The plan with torch's device and the loaded implementation; a usage error where either fails."""
-    from .. import sibling
     from .casefiles import ArtifactBudget
 
     definitions = sibling("reference.definitions")
     option = config.option
     try:
-        chosen = definitions.select(option.definition, root=config.rootpath)
+        # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
+        chosen = definitions.select(option.definition, root=config.rootpath) if option.definition else None
         device = confirm_device(option.device, plan.device) if plan.controller else resolve_device(plan.device)
-        target = load_target(plan.spec, root=config.rootpath)
+        target = load_target(plan.spec, root=config.rootpath, definition=chosen[0] if chosen else None)
+        chosen = chosen or (target.definition or definitions.SEED,)
         _check_serves(target, chosen)
     except (DeviceError, ImplSpecError, definitions.DefinitionError) as error:
         where = "xdist worker on the run's device: " if plan.worker else ""
         raise pytest.UsageError(f"{where}{error}") from None
+    workload_cases = _workload_cases(option.workloads, config.rootpath, chosen)
     report = option.run_report
     return RunState(
         target=target, definitions=chosen, device=device, contract=plan.contract, sizes=plan.sizes,
@@ -292,7 +300,7 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         run_id=plan.run_id, failures_dir=config.rootpath / option.failures_dir,
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
         report_dir=None if report == "none" else config.rootpath / report / plan.run_id, worker=plan.worker,
-        controller=plan.controller, claims_dir=plan.claims_dir,
+        controller=plan.controller, claims_dir=plan.claims_dir, workload_cases=workload_cases,
     )
 
 
@@ -304,6 +312,22 @@ def _check_serves(target: Target, chosen: tuple) -> None:
                             f"--definition names {len(chosen)}: name one")
     for definition in chosen:
         target.serving(definition)
+
+
+def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
+    """``--workloads``' lines as cases of the run's one definition; a usage error naming what cannot be built."""
+    if not spec:
+        return ()
+    from .. import workloads
+
+    if len(chosen) != 1:
+        raise pytest.UsageError(f"--workloads={spec!r}: a workload file belongs to one definition; --definition "
+                                f"names {len(chosen)}")
+    path = Path(spec) if Path(spec).is_absolute() else root / spec
+    try:
+        return tuple(workloads.workload_case(w, chosen[0]) for w in workloads.read_workloads(path))
+    except workloads.WorkloadError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def _start(config: pytest.Config) -> SuiteRun:
@@ -331,6 +355,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "implementation that waives empty_sequences")
     config.addinivalue_line("markers", "input_validation: a claim about calls the contract forbids; skipped "
                                        "for an implementation that waives input_validation")
+    config.addinivalue_line("markers", "destination_passing: a claim about destination-passing calls; skipped for "
+                                       "an implementation that returns its results")
     config.stash[PLAN] = _run_plan(config)
     if not _starts_workers(config):
         _start(config)
@@ -363,11 +389,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     pipe = gpus.mps_control_pipe()
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
-            f"gqa-decode: definition={config.option.definition}",
+            f"gqa-decode: definition={_definition_names(config, run)}",
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]
               if plan.no_mps_server else [])]
+
+
+def _definition_names(config: pytest.Config, run: RunState | None) -> str:
+    """The run's definitions (an xdist controller's header is written before they are resolved: the option)."""
+    if run is not None:
+        return ",".join(definition.name for definition in run.definitions)
+    return config.option.definition or "default (the seed's, or a Solution file's own)"
 
 
 @pytest.hookimpl(tryfirst=True)

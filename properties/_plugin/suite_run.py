@@ -102,6 +102,13 @@ def _as_declared(target: Target, function: Callable) -> Callable:
     return call
 
 
+def _solution_record(target: Target) -> dict | None:
+    """What a case file keeps of a Solution file under test: enough to rebuild it and to tell it changed."""
+    solution = target.solution
+    return None if solution is None else {"path": str(solution.path), "sha256": solution.sha256,
+                                          "name": solution.name}
+
+
 class _InThread:
     """``function()`` run in a thread of its own; ``join`` waits for it and raises what it raised."""
 
@@ -189,6 +196,8 @@ class SuiteRun:
             "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
             else None,
             "strict": "a strict-tier claim (--contract=strict)" if self.state.contract != "strict" else None,
+            "destination_passing": "the implementation returns its results (not destination-passing)"
+            if not self.state.target.destination_passing_style else None,
             **{name: f"the implementation waives {name}: {WAIVERS[name]}" if name in self.state.target.waives
                else None for name in WAIVERS},
         }
@@ -338,7 +347,7 @@ class SuiteRun:
         return casefiles.save_case(
             state.failures_dir, record or self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
             profile=shards.profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
-            device_readable=device_readable,
+            device_readable=device_readable, solution=_solution_record(state.target),
         )
 
     def _save_after_fault(self, error: str) -> Path | None:

@@ -1,8 +1,9 @@
 """What is under test, and where: the ``--impl`` target, its declarations, and the device.
 
-A target is ``package.module:function`` or ``path/to/file.py:function``. The function
-takes the arguments of the run's definition, in its order (``Definition.arguments``); it
-may declare, as attributes:
+A target is ``package.module:function``, ``path/to/file.py:function`` or a FlashInfer-Bench Solution file
+``path/to/solution.json`` (``solutions``: its sources laid out, imported or built; its definition and calling
+convention read from it). The function takes the arguments of the run's definition, in its order
+(``Definition.arguments``); it may declare, as attributes:
 
 - ``for_definition(definition) -> callable``: it serves several definitions (other head
   counts, page sizes); the suite calls it once per definition it runs and tests what it
@@ -16,6 +17,9 @@ may declare, as attributes:
   meet by design (a serving kernel whose engine never sends an empty sequence or a bad
   page id). The suite then leaves empty sequences' rows unchecked, or skips the
   bad-input claims, and the report says so: a declared difference, not a pass.
+- ``destination_passing_style = True``: it takes ``output`` and ``lse`` as its last arguments and writes
+  them (FlashInfer-Bench's convention); the suite calls it through ``destinations.returning``, which allocates
+  guarded, poisoned destinations and checks that it wrote all of them and nothing beside them.
 
 The device is resolved once, here: on the CPU the kernel runs in Triton's interpreter,
 which must be switched on, with the bf16 compatibility layer, before any Triton kernel
@@ -43,7 +47,7 @@ from . import gpus
 DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
 
 __all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "check_spec", "confirm_device", "device_type",
-           "in_definition_order", "load_impl", "load_target", "resolve_device"]
+           "in_definition_order", "load_callable", "load_impl", "load_target", "resolve_device"]
 
 
 class DeviceError(ValueError):
@@ -125,6 +129,10 @@ class Target:
     knobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     waives: frozenset[str] = frozenset()
     _bound: dict[str, Callable] = field(default_factory=dict, compare=False, repr=False)
+    destination_passing_style: bool = False  # ``serving`` adapts it (destinations.py)
+    convention: str = ""  # how the calling convention was decided, in words (Solution files)
+    solution: Any = None  # the ``solutions.Solution`` behind it, if any
+    definition: Any = None  # the ``Definition`` it implements, where it says (Solution files)
 
     @property
     def serves_several(self) -> bool:
@@ -144,12 +152,19 @@ class Target:
                 if not callable(function):
                     raise ImplSpecError(f"--impl={self.spec!r}: for_definition({definition.name}) returned "
                                         f"{type(function).__name__}, not a callable")
+            if self.destination_passing_style:  # the outputs as its last arguments, in the definition's order
+                from . import destinations  # imports torch: not before an xdist controller starts its workers
+
+                function = destinations.returning(function, definition)
             self._bound[definition.name] = in_definition_order(function, definition)
         return self._bound[definition.name]
 
     def declarations(self) -> list[str]:
         """What the target declares, in words, for report headers."""
-        said = [] if self.returns_lse else ["no LSE: output checked alone"]
+        said = [self.solution.summary()] if self.solution is not None else []
+        said += [self.convention or "destination-passing style"] if self.destination_passing_style or \
+            self.convention else []
+        said += [] if self.returns_lse else ["no LSE: output checked alone"]
         said += [f"knobs {', '.join(self.knobs)}"] if self.knobs else []
         return said + [f"waives {name}: {WAIVERS[name]}" for name in sorted(self.waives)]
 
@@ -163,16 +178,66 @@ def _declared_knobs(spec: str, function: Callable) -> dict[str, tuple[Any, ...]]
     return {name: tuple(values) for name, values in knobs.items()}
 
 
-def load_target(spec: str, root: Path | None = None) -> Target:
-    """The ``Target`` that ``spec`` names, with its declarations checked."""
-    function = load_impl(spec, root)
+def load_target(spec: str, root: Path | None = None, definition: Any = None) -> Target:
+    """The ``Target`` that ``spec`` names, with its declarations checked (a destination-passing function is adapted
+    per definition, by ``serving``). ``definition``: the one ``--definition`` names, if any; a Solution file for
+    another one is refused (without it, a Solution's ``Target.definition`` is its own)."""
+    solution, convention = None, ""
+    if _is_solution(spec):
+        solution, function, dps, convention, definition = _load_solution(spec, root, definition)
+    else:
+        function = load_impl(spec, root)
+        dps = getattr(function, "destination_passing_style", False)
+        if not isinstance(dps, bool):
+            raise ImplSpecError(f"--impl={spec!r}: destination_passing_style must be True or False, got {dps!r}")
     returns_lse = getattr(function, "returns_lse", True)
     if not isinstance(returns_lse, bool):
         raise ImplSpecError(f"--impl={spec!r}: returns_lse must be True or False, got {returns_lse!r}")
     waives = getattr(function, "waives", ())
     if isinstance(waives, str) or not set(waives) <= set(WAIVERS):
         raise ImplSpecError(f"--impl={spec!r}: waives must be a tuple drawn from {tuple(WAIVERS)}, got {waives!r}")
-    return Target(spec, function, returns_lse, _declared_knobs(spec, function), frozenset(waives))
+    return Target(spec, function, returns_lse, _declared_knobs(spec, function), frozenset(waives),
+                  destination_passing_style=dps, convention=convention, solution=solution, definition=definition)
+
+
+def load_callable(spec: str, root: Path | None = None) -> Callable:
+    """What the process that runs the implementation calls (this one, or an isolated child): ``load_impl``'s
+    callable, or a Solution file's entry point. A destination-passing one still takes ``output, lse``: the
+    checker's process adapts it (``Target.serving``: ``destinations.returning`` around whatever forwards the call),
+    so the guard bands are checked where the implementation cannot reach them."""
+    if _is_solution(spec):
+        return _load_solution(spec, root, None)[1]
+    return load_impl(spec, root)
+
+
+def _is_solution(spec: str) -> bool:
+    return spec.endswith(".json") and ":" not in Path(spec).name
+
+
+def _solution_path(spec: str, root: Path | None) -> Path:
+    path = Path(spec)
+    if not path.is_absolute():
+        path = (root or Path.cwd()) / path
+    if not path.is_file():
+        raise ImplSpecError(f"--impl={spec!r}: no such file {path}")
+    return path
+
+
+def _load_solution(spec: str, root: Path | None, definition: Any) -> tuple:
+    """A Solution file's (solution, entry point, destination-passing?, why, definition)."""
+    from . import solutions
+
+    definitions = sibling("reference.definitions")
+    solution = solutions.read_solution(_solution_path(spec, root))
+    if definition is not None and definition.name != solution.definition:
+        raise ImplSpecError(f"--impl={spec!r} implements {solution.definition!r} but --definition={definition.name!r}"
+                            "; leave --definition out (a Solution file names its own) or make them agree")
+    try:
+        own = definitions.by_name(solution.definition)
+    except definitions.DefinitionError as error:
+        raise ImplSpecError(f"--impl={spec!r}: its definition: {error}") from None
+    function, dps, convention = solutions.load_solution(solution, own)
+    return solution, function, dps, convention, own
 
 
 class ImplSpecError(ValueError):
@@ -203,7 +268,8 @@ def _parse_spec(spec: str, root: Path | None) -> tuple[Path | str, str]:
     """``spec``'s file (resolved against ``root``, default: cwd) or module name, and its attribute."""
     target, sep, attribute = spec.rpartition(":")
     if not sep or not target or not attribute:
-        raise ImplSpecError(f"--impl={spec!r}: expected 'package.module:function' or 'path/to/file.py:function'")
+        raise ImplSpecError(f"--impl={spec!r}: expected 'package.module:function', 'path/to/file.py:function' "
+                            "or 'path/to/solution.json'")
     if not target.endswith(".py"):
         return target, attribute
     path = Path(target)
@@ -218,6 +284,11 @@ def check_spec(spec: str, root: Path | None = None) -> None:
     """What ``load_impl`` checks without importing the target: the form, the file, the module being found (its
     parent packages are imported to find it). An xdist controller checks this much before starting its workers,
     the rest once they are starting."""
+    if _is_solution(spec):  # read and checked in full: no torch, nothing imported
+        from . import solutions
+
+        solutions.read_solution(_solution_path(spec, root))
+        return
     target, _ = _parse_spec(spec, root)
     if isinstance(target, Path):
         return

@@ -18,6 +18,8 @@ from pathlib import Path
 
 __all__ = ["main"]
 
+_CALL_ARGUMENTS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale")
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m properties.repro", description=__doc__.splitlines()[0])
@@ -52,6 +54,18 @@ def _header(payload: dict, device, impl_spec: str) -> list[str]:
     ]
 
 
+def _solution_lines(recorded: dict | None, target) -> list[str]:
+    """The Solution file the run tested, and whether the one replayed is the same file."""
+    if recorded is None:
+        return []
+    now = target.solution
+    said = [f"solution : {recorded['name']} (sha256 {recorded['sha256'][:12]})"]
+    if now is None or now.sha256 != recorded["sha256"]:
+        which = f"sha256 {now.sha256[:12]}" if now is not None else "not a Solution file"
+        said.append(f"           replaying another implementation than the run tested: {which}")
+    return said
+
+
 def _replay_call(number: int, call: dict, impl, device, png: Path | None, title: str, case) -> bool | None:
     """Replay one recorded call; print its layout and diagnosis; True when it fails, None when the file
     cannot rebuild it."""
@@ -65,8 +79,12 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
         print(f"\n-- call {number}: cannot be replayed from the file: {error}")
         return None
     print(f"\n-- call {number}: layout")
-    for line in describe_layout(*args, **kwargs):
+    # Keyword arguments beyond the call's own (knobs, a DPS call's destination layout) are said, not described.
+    said = {name: value for name, value in kwargs.items() if name not in _CALL_ARGUMENTS}
+    for line in describe_layout(*args, **{k: v for k, v in kwargs.items() if k in _CALL_ARGUMENTS}):
         print(f"   {line}")
+    for name, value in said.items():
+        print(f"   {name}={value!r}")
     try:
         output, lse = impl(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - an implementation's exception is a finding, not a crash
@@ -112,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(options.device)  # before any Triton kernel is imported
         payload = load_case(options.file)
         definition = definition_of(payload)
-        impl_spec = options.impl or payload["impl"]
-        impl = load_target(impl_spec).serving(definition)
+        solution = payload.get("solution")
+        # A Solution file is rebuilt from the path the run recorded (its own spec may be relative to that run).
+        impl_spec = options.impl or (solution["path"] if solution else payload["impl"])
+        target = load_target(impl_spec)
+        impl = target.serving(definition)  # a destination-passing one through the suite's adapter, as in the run
         case = case_from_fields(payload.get("case_fields"))
     except (CaseFileError, DeviceError, ImplSpecError, definitions.DefinitionError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    for line in _header(payload, device, impl_spec):
+    for line in _header(payload, device, impl_spec) + _solution_lines(solution, target):
         print(line)
     calls = payload["calls"]
     if not calls:

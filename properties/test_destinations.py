@@ -1,0 +1,50 @@
+"""Destination-passing style (DPS): a kernel that writes into ``output`` and ``lse`` passed to it writes every
+element of both and nothing beside them, however the destinations sit in memory.
+
+Every property already calls a DPS implementation through the suite's adapter
+(``_plugin/destinations.py``): destinations poisoned with a NaN bit pattern no arithmetic produces, each with
+a guard band of one batch row before and after, checked after every call. This file adds what only a DPS call
+can get wrong: destinations that are slices of wider buffers (padded rows, every other element), batches with
+empty sequences and batch 0. A destination layout a kernel cannot take may be refused (any exception under
+``correct``; strict: ``TypeError``/``ValueError`` naming ``output`` or ``lse``), as with strided inputs; writing
+outside a destination, or leaving part of one unwritten, is never a refusal. Skipped for an implementation
+that returns its results.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example, given, note
+from hypothesis import strategies as st
+
+from ._plugin.destinations import DESTINATION_LAYOUTS, DestinationError
+from ._plugin.plugin import current_run
+from .cases import DecodeCase, build
+from .checks import run_and_check, share_of_examples, shorter
+from .strategies import decode_cases
+
+pytestmark = pytest.mark.destination_passing
+LIMITS = shorter(current_run().limits)
+
+
+@share_of_examples(0.5)
+@given(case=decode_cases(limits=LIMITS, min_batch=0), layout=st.sampled_from(DESTINATION_LAYOUTS))
+@example(case=DecodeCase(lengths=(2, 0, 3)), layout="contiguous")  # the last sequence's rows: the end of output
+@example(case=DecodeCase(lengths=()), layout="contiguous")  # batch 0: nothing to write, nothing written
+@example(case=DecodeCase(lengths=(2, 3)), layout="padded")
+def test_destinations_are_written_whole_and_nothing_beside_them(impl, contract, device, case, layout):
+    inputs = build(case, device)
+    context = f"case {case}, {layout} destinations"
+    try:
+        result = impl(*inputs, destinations=layout)
+    except DestinationError:
+        raise
+    except Exception as error:  # a strided destination may be refused, never the plain one
+        if layout == "contiguous":
+            raise
+        if contract == "strict":
+            assert isinstance(error, (TypeError, ValueError)), f"{context}: refused with {error!r}"
+            assert "output" in str(error) or "lse" in str(error), f"{context}: unclear error {error!r}"
+        note(f"refused: {error!r}")
+        return
+    run_and_check(lambda *_: result, inputs, context)
