@@ -7,6 +7,9 @@
 #   bash benchmarks/gpu_session.sh family    # our kernel (strict) on every built-in definition and a definition
 #                                            # file, at the gpu profile; the plain -n auto on the seed's, with
 #                                            # BEFORE=dir the same for an older checkout in the same call
+#   bash benchmarks/gpu_session.sh adapters  # FlashInfer's decode wrapper (compile, smoke, the family) and PyTorch's
+#                                            # four attention backends across the family; the carry
+#                                            # .carry/flashinfer (adapters/flashinfer_package.py) on PYTHONPATH
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -97,6 +100,28 @@ family)
     step plain_before 110 bash -c "cd '$BEFORE' && python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2"
   fi
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+adapters)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  export PYTHONPATH=$PWD/.carry/flashinfer${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_WORKSPACE_BASE=/tmp/fi \
+    FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_NVCC_THREADS=4 MAX_JOBS=16
+  step flashinfer_smoke "${SMOKE_LIMIT:-200}" python3 -m adapters.flashinfer_decode
+  for entry in ${FLASHINFER_ENTRIES:-run}; do
+    step "flashinfer_$entry" "${FAMILY_LIMIT:-110}" "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
+      --definition=all --max-examples="${EXAMPLES:-100}" --run-report="reports-flashinfer-$entry" \
+      "--impl=adapters/flashinfer_decode.py:$entry"
+  done
+  for entry in ${TORCH_ENTRIES:-flash efficient cudnn math}; do
+    step "torch_$entry" "${TORCH_LIMIT:-55}" "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
+      --definition=all --max-examples="${TORCH_EXAMPLES:-30}" --run-report="reports-torch-$entry" \
+      "--impl=adapters/torch_sdpa.py:$entry"
+  done
+  for report in reports-*/*/report.md; do  # the verdict lines and failing rows of each run
+    { echo "#### $report"; grep -m1 '^\*\*' "$report"; grep -E '\| (FAILED|CRASHED|error) \|' "$report" | cut -c1-400
+      sed -n '/distinct failure/,/^## /p' "$report" | head -n 60; } >>"$OUT/adapter_verdicts.md"
+  done
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  tar czf "$OUT/failures.tgz" failures 2>/dev/null || true
   ;;
 profile)
   # Where single properties spend their time in one process (-n 0): a first pass fills the Triton cache, the
