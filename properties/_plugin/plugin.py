@@ -43,7 +43,7 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # noqa: E402
 
-from . import mps, mps_server, profiles, shards  # noqa: E402
+from . import isolation, mps, mps_server, profiles, shards  # noqa: E402
 from .target import (  # noqa: E402
     DEFAULT_IMPL,
     DeviceError,
@@ -123,6 +123,14 @@ _OPTIONS = (
      "most megabytes of case files one run writes (each file is at most 4 MB)"),
     ("--run-report", "GQA_DECODE_REPORT_DIR", "reports", str, None, "DIR",
      "where the run report goes, one folder per run; 'none' for no report"),
+    ("--isolation", "GQA_DECODE_ISOLATION", "auto", str, isolation.MODES, None,
+     "on: the implementation runs in a child process, which cannot touch the checker and whose crash or hang "
+     "fails the example; off: inside the checking process (trusted); auto: on for every --impl but this "
+     "project's own kernel"),
+    ("--sanitize", "GQA_DECODE_SANITIZE", None, str, isolation.SANITIZER_TOOLS, None,
+     "run one example in --sanitize-every in a child under compute-sanitizer --tool TOOL (GPU; needs isolation)"),
+    ("--sanitize-every", "GQA_DECODE_SANITIZE_EVERY", str(isolation.SANITIZE_EVERY), positive_int, None, "N",
+     "with --sanitize: about one example in N runs under the sanitizer"),
 )
 
 
@@ -158,6 +166,7 @@ class RunPlan:
     made_dirs: tuple[Path, ...]  # made by this process, removed at its end
     mps_server: mps_server.Server | None = None  # started by this controller for its workers, stopped at its end
     no_mps_server: str | None = None  # why starting one failed, for the header
+    isolated: bool = False  # the implementation runs in a child process (``isolation``)
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,7 @@ class RunState:
     worker: str | None  # the xdist worker id, None outside xdist workers
     controller: bool
     claims_dir: Path
+    isolated: bool = False  # the implementation runs in a child process (``isolation``)
 
 
 PLAN = pytest.StashKey[RunPlan]()
@@ -225,12 +235,13 @@ def _run_plan(config: pytest.Config) -> RunPlan:
     # Resolving ``auto`` itself, it would go to the CPU interpreter, silently, whenever CUDA failed to start in it
     # (under MPS a GPU whose faulted processes are still exiting refuses new ones): it must fail instead.
     controllers_device = getattr(config, "workerinput", {}).get(WORKER_DEVICE_KEY)
+    isolated = _isolated(option)
     try:
         if controllers_device:
             device = controllers_device
         elif controller:  # without torch: the workers start before this process imports it
             device = device_type(option.device)
-            check_spec(option.impl, root=config.rootpath)  # the rest of --impl's checks: once they are starting
+            check_spec(option.impl, root=config.rootpath, find=not isolated)  # the rest: once they are starting
         else:
             device = resolve_device(option.device).type
     except (DeviceError, ImplSpecError) as error:
@@ -255,7 +266,29 @@ def _run_plan(config: pytest.Config) -> RunPlan:
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
         controller=controller, claims_dir=claims_dir, made_dirs=made, mps_server=server, no_mps_server=no_server,
+        isolated=isolated,
     )
+
+
+def _isolated(option: argparse.Namespace) -> bool:
+    """Whether this run's implementation runs in a child process; --sanitize without it is a usage error."""
+    isolated = isolation.isolated(option.isolation, option.impl, DEFAULT_IMPL)
+    if option.sanitize and not isolated:
+        raise pytest.UsageError(f"--sanitize={option.sanitize} runs the implementation in a sanitized child "
+                                f"process: it needs --isolation=on or auto, not --isolation={option.isolation}")
+    return isolated
+
+
+def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device) -> Target:
+    """The implementation: imported here, or (isolated) in a child process that reports its declarations."""
+    if not plan.isolated:
+        return load_target(plan.spec, root=config.rootpath)
+    from .isolated_impl import Launch, load_isolated_target
+
+    option = config.option
+    launch = Launch(plan.spec, config.rootpath, device.type, definition=getattr(plan, "definition", None),
+                    sanitize=option.sanitize)
+    return load_isolated_target(launch, option.sanitize_every)
 
 
 def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_server.Server | None, str | None]:
@@ -280,7 +313,7 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     try:
         chosen = definitions.select(option.definition, root=config.rootpath)
         device = confirm_device(option.device, plan.device) if plan.controller else resolve_device(plan.device)
-        target = load_target(plan.spec, root=config.rootpath)
+        target = _load_target(config, plan, device)
         _check_serves(target, chosen)
     except (DeviceError, ImplSpecError, definitions.DefinitionError) as error:
         where = "xdist worker on the run's device: " if plan.worker else ""
@@ -292,7 +325,7 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         run_id=plan.run_id, failures_dir=config.rootpath / option.failures_dir,
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
         report_dir=None if report == "none" else config.rootpath / report / plan.run_id, worker=plan.worker,
-        controller=plan.controller, claims_dir=plan.claims_dir,
+        controller=plan.controller, claims_dir=plan.claims_dir, isolated=plan.isolated,
     )
 
 
@@ -312,6 +345,8 @@ def _start(config: pytest.Config) -> SuiteRun:
     from .suite_run import SuiteRun
 
     state = _run_state(config, config.stash[PLAN])
+    if state.controller and state.isolated:  # it runs no test: its child only told the declarations
+        state.target.function.close()
     config.stash[RUN] = state
     _active = state
     run = SuiteRun(config, state, PIN)
@@ -364,6 +399,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
             f"gqa-decode: definition={config.option.definition}",
+            "gqa-decode: " + isolation.mode_line(plan.isolated, config.option.isolation, config.option.sanitize),
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]

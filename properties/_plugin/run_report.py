@@ -29,7 +29,7 @@ from typing import Any
 from hypothesis.errors import HypothesisException
 
 from ..stages import SAMPLE_EVERY, STAGES, StageClock
-from . import mps
+from . import isolation, mps
 from .casefiles import replay_command
 from .shards import example_targets, property_name
 
@@ -513,9 +513,12 @@ def _stages(breakdown: dict[str, float] | None) -> list[str]:
             f"| total | {total:.2f} | {1e3 / total:.0f} examples/s per worker |" if total else "| total | 0 | - |"]
 
 
-def _markdown(merged: dict[str, dict], run_id: str, mps_line: str | None, replays: list[mps.Replay]) -> str:
-    """The verdict (run id, tier, verdict line, MPS, table, failures, errors, crash replays), then coverage."""
+def _markdown(merged: dict[str, dict], run_id: str, mps_line: str | None, replays: list[mps.Replay],
+              isolation_line: str | None = None) -> str:
+    """The verdict (run id, tier, verdict line, isolation, MPS, table, failures, errors, crash replays), then
+    coverage."""
     lines = [f"# Run report {run_id}", "", f"Tier: {run_tier(merged)}", "", f"**{verdict_line(merged)}**", "",
+             *([isolation_line[0].upper() + isolation_line[1:], ""] if isolation_line else []),
              *([mps_line, ""] if mps_line else []), *verdict_table(merged), "",
              "Worst err/bound is over passing examples; a failing example exceeds 1 by definition.",
              *_failures_list(merged), *_errors_list(merged), *_replays_list(replays), *_coverage(merged)]
@@ -720,12 +723,14 @@ def write_report(directory: Path, run_id: str) -> Path | None:
     lines = _lines(directory)
     pipe, replays = _mps(directory)
     mps_line = mps.report_line(pipe, replays) if pipe else None
+    isolation_line = isolation.load(directory)
     (directory / "report.json").write_text(json.dumps(
         {name: {**entry, "counts": {d: dict(c) for d, c in entry["counts"].items()}}
          for name, entry in merged.items()}, indent=1), encoding="utf-8")
     (directory / "run.json").write_text(json.dumps(
         {"run": run_id, "tier": run_tier(merged), "verdict": verdict_line(merged),
-         "throughput": run_throughput(lines), "gpus": gpu_throughput(lines), "mps": mps_line}, indent=1),
+         "throughput": run_throughput(lines), "gpus": gpu_throughput(lines), "mps": mps_line,
+         "isolation": isolation_line}, indent=1),
         encoding="utf-8")
     report = directory / "report.md"
     workers = ["", "## Workers", "", *workers_table(directory), *_throughput(lines)]
@@ -733,5 +738,6 @@ def write_report(directory: Path, run_id: str) -> Path | None:
         _summary_png(merged, directory / "summary.png", run_id, note=mps_line)
     except ImportError:  # matplotlib missing (a bare GPU image): the report stays, without its picture
         workers += ["", "(no summary.png: matplotlib is not installed)"]
-    report.write_text(_markdown(merged, run_id, mps_line, replays) + "\n".join(workers) + "\n", encoding="utf-8")
+    report.write_text(_markdown(merged, run_id, mps_line, replays, isolation_line) + "\n".join(workers) + "\n",
+                      encoding="utf-8")
     return report

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from .. import cases, stages
-from . import casefiles, gpus, knobs, mps, run_report, shards
+from . import casefiles, gpus, isolation, knobs, mps, run_report, shards
 from .containment import CudaContextLost, Guard, is_sticky_cuda_error
 from .target import WAIVERS, Target
 
@@ -119,6 +119,8 @@ class SuiteRun:
         stages.install(self.counter.clock)
         cases.add_build_observer(self.counter.observe_case)
         self.is_controller = state.controller
+        # The implementation's child process (``isolated_impl``), where it runs in one.
+        self.isolated = state.target.function if state.isolated and not state.controller else None
         if not self.is_controller:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
@@ -139,6 +141,8 @@ class SuiteRun:
     # ---- session -------------------------------------------------------------------------------
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.isolated is not None:
+            self.isolated.close()
         cases.remove_build_observer(self.recorder.note_build)
         cases.remove_build_observer(self.counter.observe_case)
         stages.uninstall()
@@ -197,7 +201,8 @@ class SuiteRun:
             shards.share_database_key(item)
         with shards.wrapping_examples(item, self.counter.counting), \
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
-                shards.wrapping_examples(item, self.guard.shielding):
+                shards.wrapping_examples(item, self.guard.shielding), \
+                shards.wrapping_examples(item, self.isolated.wrapping) if self.isolated else contextlib.nullcontext():
             yield
 
     # ---- one test ------------------------------------------------------------------------------
@@ -206,6 +211,8 @@ class SuiteRun:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self.recorder.begin(item.nodeid)
         self.counter.begin(item.nodeid)
+        if self.isolated is not None and self.isolated.share is not None:
+            self.isolated.share.begin_item()
         self.started[item.nodeid] = time.perf_counter()
 
     @pytest.hookimpl(hookwrapper=True)
@@ -272,6 +279,15 @@ class SuiteRun:
         if self.state.worker is None:  # without xdist this process reports its own crash
             self.crashes[nodeid] = str(path)
         return path
+
+    def _isolation_line(self) -> str:
+        option = self.config.option
+        line = isolation.mode_line(self.state.isolated, option.isolation, option.sanitize)
+        if self.isolated is not None and (self.isolated.restarts or self.isolated.share):
+            line += f" ({self.isolated.calls} calls, {self.isolated.restarts} child restarts" + (
+                f", examples sanitized/plain {self.isolated.share.counts['sanitized']}/"
+                f"{self.isolated.share.counts['plain']}" if self.isolated.share else "") + ")"
+        return line
 
     def _gpu(self) -> str | None:
         if self.state.device.type != "cuda":
@@ -356,6 +372,7 @@ class SuiteRun:
             return
         if self.mps_pipe:
             mps.save(directory, self.mps_pipe, self.replays)
+        isolation.save(directory, self._isolation_line())
         self.report_path = run_report.write_report(directory, self.state.run_id)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -363,6 +380,7 @@ class SuiteRun:
         names = ", ".join(d.name for d in state.definitions)
         terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}, "
                                         f"definition {names}")
+        terminalreporter.write_line(self._isolation_line())
         for said in state.target.declarations():
             terminalreporter.write_line(f"declared by the implementation: {said}")
         saved = casefiles.runs_index(state.failures_dir, state.run_id)

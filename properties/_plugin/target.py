@@ -43,7 +43,7 @@ from . import gpus
 DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
 
 __all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "check_spec", "confirm_device", "device_type",
-           "in_definition_order", "load_impl", "load_target", "resolve_device"]
+           "declared_by", "in_definition_order", "load_impl", "load_target", "make_target", "resolve_device"]
 
 
 class DeviceError(ValueError):
@@ -154,8 +154,8 @@ class Target:
         return said + [f"waives {name}: {WAIVERS[name]}" for name in sorted(self.waives)]
 
 
-def _declared_knobs(spec: str, function: Callable) -> dict[str, tuple[Any, ...]]:
-    knobs = getattr(function, "knobs", None) or {}
+def _declared_knobs(spec: str, knobs: Any) -> dict[str, tuple[Any, ...]]:
+    knobs = knobs or {}
     if not isinstance(knobs, dict) or not all(
         isinstance(name, str) and isinstance(values, (tuple, list)) and values for name, values in knobs.items()
     ):
@@ -163,16 +163,29 @@ def _declared_knobs(spec: str, function: Callable) -> dict[str, tuple[Any, ...]]
     return {name: tuple(values) for name, values in knobs.items()}
 
 
-def load_target(spec: str, root: Path | None = None) -> Target:
-    """The ``Target`` that ``spec`` names, with its declarations checked."""
-    function = load_impl(spec, root)
-    returns_lse = getattr(function, "returns_lse", True)
+def declared_by(function: Callable) -> dict[str, Any]:
+    """The declarations ``function`` carries as attributes, unchecked: what an isolated child reports."""
+    return {"returns_lse": getattr(function, "returns_lse", True), "knobs": getattr(function, "knobs", None),
+            "waives": getattr(function, "waives", ()),
+            "destination_passing_style": getattr(function, "destination_passing_style", False)}
+
+
+def make_target(spec: str, function: Callable, declared: dict[str, Any]) -> Target:
+    """The ``Target`` of ``function`` with its declarations (``declared_by``'s form) checked."""
+    returns_lse = declared.get("returns_lse", True)
     if not isinstance(returns_lse, bool):
         raise ImplSpecError(f"--impl={spec!r}: returns_lse must be True or False, got {returns_lse!r}")
-    waives = getattr(function, "waives", ())
-    if isinstance(waives, str) or not set(waives) <= set(WAIVERS):
+    waives = declared.get("waives", ())
+    if isinstance(waives, str) or not isinstance(waives, (tuple, list, set, frozenset)) \
+            or not set(waives) <= set(WAIVERS):
         raise ImplSpecError(f"--impl={spec!r}: waives must be a tuple drawn from {tuple(WAIVERS)}, got {waives!r}")
-    return Target(spec, function, returns_lse, _declared_knobs(spec, function), frozenset(waives))
+    return Target(spec, function, returns_lse, _declared_knobs(spec, declared.get("knobs")), frozenset(waives))
+
+
+def load_target(spec: str, root: Path | None = None) -> Target:
+    """The ``Target`` that ``spec`` names, imported into this process, with its declarations checked."""
+    function = load_impl(spec, root)
+    return make_target(spec, function, declared_by(function))
 
 
 class ImplSpecError(ValueError):
@@ -214,12 +227,12 @@ def _parse_spec(spec: str, root: Path | None) -> tuple[Path | str, str]:
     return path.resolve(), attribute
 
 
-def check_spec(spec: str, root: Path | None = None) -> None:
+def check_spec(spec: str, root: Path | None = None, *, find: bool = True) -> None:
     """What ``load_impl`` checks without importing the target: the form, the file, the module being found (its
-    parent packages are imported to find it). An xdist controller checks this much before starting its workers,
-    the rest once they are starting."""
+    parent packages are imported to find it; not with ``find=False``, for a target that runs in a process of its
+    own). An xdist controller checks this much before starting its workers, the rest once they are starting."""
     target, _ = _parse_spec(spec, root)
-    if isinstance(target, Path):
+    if isinstance(target, Path) or not find:
         return
     try:
         found = importlib.util.find_spec(target)
