@@ -259,7 +259,7 @@ class Child:
                                    "starting")
         if kind == "refused":
             self.stop()
-            raise ChildRefused(str(said))
+            raise ChildRefused(_refusal(said))
         if kind != "ready" or not isinstance(said, dict):
             self.stop()
             raise ChildRefused(f"the implementation's process answered {kind!r} to its start")
@@ -353,6 +353,17 @@ class Child:
         with contextlib.suppress(OSError):
             self.connection.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _refusal(description: Any) -> str:
+    """The child's reason for not loading the target: ``ImplSpecError``'s own words, or the error and where."""
+    if not isinstance(description, dict):
+        return str(description)
+    message = str(description.get("message", ""))
+    if str(description.get("type", "")).endswith(".ImplSpecError"):
+        return message
+    return (f"importing or binding it raised {description.get('type')}: {message}\n"
+            f"{str(description.get('traceback', ''))[-3000:]}")
 
 
 class ChildRefused(Exception):  # noqa: N818
@@ -473,7 +484,8 @@ def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY) -
     try:
         function = IsolatedImpl(launch, sanitize_every)
     except ChildRefused as error:
-        raise ImplSpecError(f"--impl={launch.spec!r} (loaded in its own process): {error}") from None
+        said = str(error)
+        raise ImplSpecError(said if said.startswith("--impl=") else f"--impl={launch.spec!r}: {said}") from None
     try:
         return make_target(launch.spec, function, function.declarations)
     except ImplSpecError:

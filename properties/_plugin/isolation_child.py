@@ -79,7 +79,7 @@ def main(connection, launch: dict[str, Any]) -> None:
             function = function.for_definition(definition)
         connection.send(("ready", declared_by(function)))
     except BaseException as error:  # noqa: BLE001 - told to the parent, which raises a usage error
-        connection.send(("refused", f"{type(error).__name__}: {error}\n{traceback.format_exc()[-4000:]}"))
+        connection.send(("refused", _describe(error)))
         return
     _serve(connection, function, device)
 

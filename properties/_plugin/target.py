@@ -232,10 +232,10 @@ def check_spec(spec: str, root: Path | None = None, *, find: bool = True) -> Non
     parent packages are imported to find it; not with ``find=False``, for a target that runs in a process of its
     own). An xdist controller checks this much before starting its workers, the rest once they are starting."""
     target, _ = _parse_spec(spec, root)
-    if isinstance(target, Path) or not find:
+    if isinstance(target, Path):
         return
-    try:
-        found = importlib.util.find_spec(target)
+    try:  # a top-level name is found without running any of its code
+        found = importlib.util.find_spec(target if find else target.partition(".")[0])
     except (ImportError, ValueError) as error:
         raise ImplSpecError(f"--impl={spec!r}: cannot import module {target!r} ({error})") from error
     if found is None:
