@@ -38,6 +38,7 @@ from .isolation import (
     SanitizerError,
     call_deadline,
 )
+from .isolation_child import copied, copy_back
 from .target import ImplSpecError, Target, make_target
 
 START_TIMEOUT_S = 120.0  # spawn, import torch and the target (and a sanitizer's start)
@@ -99,33 +100,6 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 # ---- the inputs' way in -----------------------------------------------------------------------
-
-
-def _storage_copy(tensor: torch.Tensor, copies: dict) -> torch.Tensor:
-    """``tensor`` as the same view of a shared-memory copy of its whole storage (one copy per storage, so inputs
-    that share a storage share it in the child too)."""
-    storage = tensor.untyped_storage()
-    key = storage.data_ptr()
-    if key not in copies:
-        copies[key] = (storage, storage.clone().share_memory_())
-    view = torch.empty((0,), dtype=tensor.dtype)
-    return view.set_(copies[key][1], tensor.storage_offset(), tensor.size(), tensor.stride())
-
-
-def _outbound(value: Any, copies: dict) -> Any:
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.is_sparse:
-        return _storage_copy(value, copies)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_outbound(item, copies) for item in value)
-    return value
-
-
-def _copy_back(copies: dict) -> None:
-    """The child's writes into its copies of CPU inputs, made visible in the parent's tensors."""
-    for original, copy in copies.values():
-        mine, theirs = (torch.empty((0,), dtype=torch.uint8).set_(s) for s in (original, copy))
-        if not torch.equal(mine, theirs):
-            mine.copy_(theirs)
 
 
 def _ambient() -> dict[str, Any]:
@@ -248,7 +222,7 @@ class Child:
         context = torch.multiprocessing.get_context("spawn")
         self.connection, theirs = context.Pipe()
         payload = {"spec": launch.spec, "root": str(launch.root), "device": launch.device,
-                   "definition": launch.definition, "log": str(self.log)}
+                   "definition": launch.definition, "log": str(self.log), "sanitize": launch.sanitize}
         self.process = context.Process(target=isolation_child.main, args=(theirs, payload),
                                        name="gqa-decode-impl", daemon=False)
         with _neutral_start(executable, extra_env):
@@ -273,13 +247,13 @@ class Child:
     def call(self, args: tuple, kwargs: dict, received: list) -> Any:
         """Call the target in the child; its result, in tensors the parent owns (originals in ``received``)."""
         copies: dict = {}
-        message = ("call", _outbound(args, copies), _outbound(kwargs, copies), _ambient())
+        message = ("call", copied(args, copies, "cpu"), copied(kwargs, copies, "cpu"), _ambient())
         try:
             self.connection.send(message)
         except (BrokenPipeError, ConnectionError, EOFError) as error:
             raise self._died("before the call reached it") from error
         kind, value = self._receive(call_deadline(args, kwargs), "the call")
-        _copy_back(copies)
+        copy_back(copies)
         self._check_sanitizer()
         if kind == "result":
             return _owned(value, received)

@@ -61,6 +61,45 @@ def _apply_ambient(torch, ambient: dict[str, Any]) -> None:
         setter(ambient["deterministic"], warn_only=ambient["warn_only"])
 
 
+def _storage_copy(tensor, copies: dict, share: bool):
+    """``tensor`` as the same view of a copy of its whole storage (one copy per storage, so inputs that share a
+    storage share the copy too); in shared memory with ``share``."""
+    import torch
+
+    storage = tensor.untyped_storage()
+    key = storage.data_ptr()
+    if key not in copies:
+        copy = storage.clone()
+        copies[key] = (storage, copy.share_memory_() if share else copy)
+    view = torch.empty((0,), dtype=tensor.dtype, device=tensor.device)
+    return view.set_(copies[key][1], tensor.storage_offset(), tensor.size(), tensor.stride())
+
+
+def copied(value: Any, copies: dict, device_type: str) -> Any:
+    """``value`` (an argument, or a tuple, list or dict of them) with each tensor on ``device_type`` replaced by the
+    same view of a copy of its storage (``copies`` maps each storage to its copy, for ``copy_back``). The parent
+    sends CPU inputs so, in shared memory; a sanitized CUDA child makes its own, each an allocation of its own."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.device.type == device_type and value.layout == torch.strided:
+        return _storage_copy(value, copies, share=device_type == "cpu")
+    if isinstance(value, (tuple, list)):
+        return type(value)(copied(item, copies, device_type) for item in value)
+    if isinstance(value, dict):
+        return {key: copied(item, copies, device_type) for key, item in value.items()}
+    return value
+
+
+def copy_back(copies: dict) -> None:
+    """The writes into the copies, made in the originals: the call's effect on its inputs, as it would be in-process."""
+    import torch
+
+    for original, copy in copies.values():
+        mine, theirs = (torch.empty((0,), dtype=torch.uint8, device=s.device).set_(s) for s in (original, copy))
+        if not torch.equal(mine, theirs):
+            mine.copy_(theirs)
+
+
 def main(connection, launch: dict[str, Any]) -> None:
     """The child's life: load the target (``launch``: spec, root, device, definition, log), then answer calls."""
     _die_with_parent()
@@ -81,10 +120,13 @@ def main(connection, launch: dict[str, Any]) -> None:
     except BaseException as error:  # noqa: BLE001 - told to the parent, which raises a usage error
         connection.send(("refused", _describe(error)))
         return
-    _serve(connection, function, device)
+    _serve(connection, function, device, own_copies=bool(launch.get("sanitize")) and device.type == "cuda")
 
 
-def _serve(connection, function, device) -> None:
+def _serve(connection, function, device, own_copies: bool) -> None:
+    """Answer calls until told to stop. ``own_copies`` (a sanitized CUDA child): the call gets copies of its CUDA
+    inputs in allocations of this process, whose bounds the sanitizer knows (an input shared from the parent lies in
+    the parent's cached segment, where a read past it is not out of bounds), with its writes copied back."""
     import torch
 
     while True:
@@ -95,15 +137,19 @@ def _serve(connection, function, device) -> None:
         if message[0] != "call":
             return
         _, args, kwargs, ambient = message
+        copies: dict = {}
         try:
             _apply_ambient(torch, ambient)
+            if own_copies:
+                args, kwargs = copied(args, copies, "cuda"), copied(kwargs, copies, "cuda")
             value = function(*args, **kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize()
+            copy_back(copies)
             reply = ("result", value)
         except Exception as error:  # noqa: BLE001 - the implementation's error is the answer
             reply = ("raised", _describe(error))
-        del args, kwargs
+        del args, kwargs, copies
         try:
             connection.send(reply)
         except Exception as error:  # noqa: BLE001 - a result torch cannot send (a view of an odd storage...)

@@ -136,7 +136,8 @@ class SuiteRun:
             return target.serving(cases.active_definition())(*args, **kwargs)
 
         function = _as_declared(target, self.knob_draws.applied_to(in_active_definition))
-        return stages.timed("kernel", self.guard.wrap(function, self.recorder.note_call))
+        return stages.timed("kernel", self.guard.wrap(function, self.recorder.note_call,
+                                                      settles=not self.state.isolated))
 
     # ---- session -------------------------------------------------------------------------------
 
