@@ -50,7 +50,9 @@ def test_a_hostile_implementation_is_red(tmp_path, member):
     assert re.search(r"not within bound|ResultChangedAfterReturn", result.stdout), _output(result)
 
 
-@pytest.mark.parametrize("member", CHEATS_IN_PROCESS)
+# Two of them in CI (the issue's own and the detector); the other two were seen green in-process too (the report of
+# the isolation branch), and cost a nested run each.
+@pytest.mark.parametrize("member", ["hostile_replaces_comparison", "hostile_detects_the_suite"])
 def test_a_cheat_works_in_process_so_isolation_is_what_catches_it(tmp_path, member):
     """The threat is real: trusted in-process, each of these wrong kernels passes the bound property."""
     result = _suite(tmp_path, BOUND, "--max-examples=5", f"--impl=tests/impls/{member}.py:run", "--isolation=off")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import multiprocessing.connection
 import multiprocessing.spawn
@@ -180,12 +181,11 @@ def _sanitizer_wrapper(tool: str, directory: Path) -> tuple[str, Path]:
 @dataclass(frozen=True)
 class Launch:
     """What a child needs: the ``--impl`` spec and the root its relative path resolves against, the device
-    choice, the definition it serves (None: the target's own), and a sanitizer tool (None: plain)."""
+    choice, and a sanitizer tool (None: plain). Definitions travel with the calls (``IsolatedImpl.for_definition``)."""
 
     spec: str
     root: Path
     device: str
-    definition: Any = None
     sanitize: str | None = None
 
 
@@ -222,7 +222,7 @@ class Child:
         context = torch.multiprocessing.get_context("spawn")
         self.connection, theirs = context.Pipe()
         payload = {"spec": launch.spec, "root": str(launch.root), "device": launch.device,
-                   "definition": launch.definition, "log": str(self.log), "sanitize": launch.sanitize}
+                   "log": str(self.log), "sanitize": launch.sanitize}
         self.process = context.Process(target=isolation_child.main, args=(theirs, payload),
                                        name="gqa-decode-impl", daemon=False)
         with _neutral_start(executable, extra_env):
@@ -244,15 +244,16 @@ class Child:
         """Whether the process still runs."""
         return self.process.is_alive()
 
-    def call(self, args: tuple, kwargs: dict, received: list) -> Any:
-        """Call the target in the child; its result, in tensors the parent owns (originals in ``received``)."""
+    def call(self, definition: Any, args: tuple | None, kwargs: dict | None, received: list) -> Any:
+        """Call the target (bound to ``definition`` where it declares ``for_definition``; None: as loaded) in the
+        child; its result, in tensors the parent owns (originals in ``received``). ``args=None`` only binds."""
         copies: dict = {}
-        message = ("call", copied(args, copies, "cpu"), copied(kwargs, copies, "cpu"), _ambient())
+        message = ("call", definition, copied(args, copies, "cpu"), copied(kwargs, copies, "cpu"), _ambient())
         try:
             self.connection.send(message)
         except (BrokenPipeError, ConnectionError, EOFError) as error:
             raise self._died("before the call reached it") from error
-        kind, value = self._receive(call_deadline(args, kwargs), "the call")
+        kind, value = self._receive(call_deadline(args or (), kwargs or {}), "the call")
         copy_back(copies)
         self._check_sanitizer()
         if kind == "result":
@@ -400,6 +401,8 @@ class IsolatedImpl:
         self.__name__ = self.__qualname__ = f"isolated {launch.spec}"
         self._children: dict[bool, Child | None] = {False: Child(replace(launch, sanitize=None)), True: None}
         self.declarations = self._children[False].declarations
+        if self.declarations.get("serves_several"):  # what ``Target.serves_several`` looks for
+            self.for_definition = self._for_definition
         self.share = SanitizerShare(sanitize_every) if launch.sanitize else None
         self._received: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.calls = self.restarts = 0
@@ -414,11 +417,28 @@ class IsolatedImpl:
         return child
 
     def __call__(self, *args, **kwargs):
-        self.check_returned()
-        sanitized = self.share is not None and self.share.current()
-        self.calls += 1
+        return self.call(None, args, kwargs)
+
+    def _for_definition(self, definition: Any) -> Callable:
+        """The target's ``for_definition(definition)``, run in the child now (a refusal raises here, as the nearest
+        built-in class of what it raised); calls of what it returns carry the definition to the child."""
         try:
-            return self._child(sanitized).call(args, kwargs, self._received)
+            self.call(definition, None, None)
+        except ImplementationFailed as error:  # ``Target.serving`` words a ValueError as a refusal
+            raise ValueError(str(error)) from None
+        return functools.partial(self.call_bound, definition)
+
+    def call_bound(self, definition: Any, *args, **kwargs):
+        """A call of the target bound to ``definition``."""
+        return self.call(definition, args, kwargs)
+
+    def call(self, definition: Any, args: tuple | None, kwargs: dict | None):
+        """One call in a child (the sanitized one for the example's share); ``args=None`` only binds."""
+        self.check_returned()
+        sanitized = self.share is not None and args is not None and self.share.current()
+        self.calls += args is not None
+        try:
+            return self._child(sanitized).call(definition, args, kwargs, self._received)
         except SanitizerError:
             if self.share is not None:
                 self.share.promoted = True

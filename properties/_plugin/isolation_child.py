@@ -101,7 +101,7 @@ def copy_back(copies: dict) -> None:
 
 
 def main(connection, launch: dict[str, Any]) -> None:
-    """The child's life: load the target (``launch``: spec, root, device, definition, log), then answer calls."""
+    """The child's life: load the target (``launch``: spec, root, device, log, sanitize), then answer calls."""
     _die_with_parent()
     _redirect_output(launch["log"])
     sys.argv = [launch.get("argv0", "impl")]
@@ -113,14 +113,23 @@ def main(connection, launch: dict[str, Any]) -> None:
     try:
         device = resolve_device(launch["device"])
         function = load_impl(launch["spec"], root=launch["root"])
-        definition = launch.get("definition")
-        if definition is not None and hasattr(function, "for_definition"):
-            function = function.for_definition(definition)
         connection.send(("ready", declared_by(function)))
     except BaseException as error:  # noqa: BLE001 - told to the parent, which raises a usage error
         connection.send(("refused", _describe(error)))
         return
     _serve(connection, function, device, own_copies=bool(launch.get("sanitize")) and device.type == "cuda")
+
+
+def _bound(function, definition, bindings: dict):
+    """``function.for_definition(definition)``, once per definition (None, or a target without it: ``function``)."""
+    if definition is None or not callable(getattr(function, "for_definition", None)):
+        return function
+    if definition.name not in bindings:
+        bound = function.for_definition(definition)
+        if not callable(bound):
+            raise TypeError(f"for_definition({definition.name}) returned {type(bound).__name__}, not a callable")
+        bindings[definition.name] = bound
+    return bindings[definition.name]
 
 
 def _serve(connection, function, device, own_copies: bool) -> None:
@@ -129,6 +138,7 @@ def _serve(connection, function, device, own_copies: bool) -> None:
     the parent's cached segment, where a read past it is not out of bounds), with its writes copied back."""
     import torch
 
+    bindings: dict = {}
     while True:
         try:
             message = connection.recv()
@@ -136,13 +146,17 @@ def _serve(connection, function, device, own_copies: bool) -> None:
             return
         if message[0] != "call":
             return
-        _, args, kwargs, ambient = message
+        _, definition, args, kwargs, ambient = message
         copies: dict = {}
         try:
+            bound = _bound(function, definition, bindings)
+            if args is None:  # only the binding was asked for
+                connection.send(("result", None))
+                continue
             _apply_ambient(torch, ambient)
             if own_copies:
                 args, kwargs = copied(args, copies, "cuda"), copied(kwargs, copies, "cuda")
-            value = function(*args, **kwargs)
+            value = bound(*args, **kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             copy_back(copies)

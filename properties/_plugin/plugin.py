@@ -286,8 +286,7 @@ def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device) -> 
     from .isolated_impl import Launch, load_isolated_target
 
     option = config.option
-    launch = Launch(plan.spec, config.rootpath, device.type, definition=getattr(plan, "definition", None),
-                    sanitize=option.sanitize)
+    launch = Launch(plan.spec, config.rootpath, device.type, sanitize=option.sanitize)
     return load_isolated_target(launch, option.sanitize_every)
 
 

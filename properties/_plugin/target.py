@@ -167,7 +167,8 @@ def declared_by(function: Callable) -> dict[str, Any]:
     """The declarations ``function`` carries as attributes, unchecked: what an isolated child reports."""
     return {"returns_lse": getattr(function, "returns_lse", True), "knobs": getattr(function, "knobs", None),
             "waives": getattr(function, "waives", ()),
-            "destination_passing_style": getattr(function, "destination_passing_style", False)}
+            "destination_passing_style": getattr(function, "destination_passing_style", False),
+            "serves_several": callable(getattr(function, "for_definition", None))}
 
 
 def make_target(spec: str, function: Callable, declared: dict[str, Any]) -> Target:
