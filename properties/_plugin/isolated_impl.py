@@ -20,7 +20,7 @@ import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.multiprocessing
@@ -283,18 +283,19 @@ class Child:
             raise ImplementationFailed("the implementation's process sent something other than an answer")
         if ready:
             raise self._died(f"during {what}")
+        tail = _log_tail(self.log)
         self.stop()
         raise ImplementationHung(f"the implementation did not answer within {timeout:.1f} s ({what}; deadline: "
                                  f"{CALL_TIMEOUT_ENV} or {BASE_TIMEOUT_S:.0f} s, plus {PER_TOKEN_S * 1e3:.0f} ms "
-                                 f"per KV token); its process was killed\nits last output:\n{_log_tail(self.log)}")
+                                 f"per KV token); its process was killed\nits last output:\n{tail}")
 
     def _died(self, when: str) -> ImplementationCrashed:
         self.process.join(5)
         code = self.process.exitcode
-        self.stop()
-        report = self._sanitizer_report() if self.sanitizer_log else ""
+        tail, report = _log_tail(self.log), self._sanitizer_report() if self.sanitizer_log else ""
+        self.stop()  # removes the log
         return ImplementationCrashed(f"the implementation's process died {when} ({_exit_words(code)}); its process "
-                                     f"will be replaced\nits last output:\n{_log_tail(self.log)}"
+                                     f"will be replaced\nits last output:\n{tail}"
                                      + (f"\ncompute-sanitizer:\n{report}" if report else ""))
 
     def _sanitizer_report(self) -> str:
@@ -439,20 +440,21 @@ class IsolatedImpl:
         self.calls += args is not None
         try:
             return self._child(sanitized).call(definition, args, kwargs, self._received)
-        except SanitizerError:
-            if self.share is not None:
+        except ImplementationFailed as error:
+            failure = error
+            if isinstance(error, SanitizerError) and self.share is not None:
                 self.share.promoted = True
-            raise
+        _raise_plainly(failure)
 
     def check_returned(self) -> None:
         """Every tensor the child returned since the last check still holds what the parent copied on receipt."""
         received, self._received = self._received, []
         for shared, copy in received:
             if not _bits_equal(shared, copy):
-                raise ResultChangedAfterReturn(
+                _raise_plainly(ResultChangedAfterReturn(
                     "the implementation wrote into a result after it had returned it (a thread or a stream left "
                     f"running after the call): a {tuple(shared.shape)} {shared.dtype} result changed after the "
-                    "check had copied it")
+                    "check had copied it"))
 
     def wrapping(self, example: Callable) -> Callable:
         """``example`` (one Hypothesis example) followed by ``check_returned`` when it passed."""
@@ -470,6 +472,16 @@ class IsolatedImpl:
             if child is not None:
                 child.stop()
         self._received = []
+
+
+def _raise_plainly(failure: ImplementationFailed) -> NoReturn:
+    """Raise ``failure`` from this one line, without the chained errors that led to it. Hypothesis tells failures
+    apart by their type and where they were raised, chained errors included (its "interesting origin"): a child's
+    death seen while sending the call and the same death seen while waiting for the answer are one failure, which
+    it would otherwise report as flaky (seen with tests/impls/process_faults.py:segfault). Call it outside any
+    ``except`` block, where Python would chain the error being handled."""
+    failure.__cause__ = failure.__context__ = None
+    raise failure.with_traceback(None)
 
 
 def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY) -> Target:
