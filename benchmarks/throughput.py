@@ -7,6 +7,8 @@
                                             [--mps auto,off] [--repeat 2] [--no-warmup] [--out DIR]
     python benchmarks/throughput.py startup [--device cpu|cuda|auto] [--workers 2|auto] [--repeat 5]
                                             [--select EXPRESSION] [--report] [--out DIR] [-- PYTEST_ARGS]
+    python benchmarks/throughput.py isolation [--device cpu|cuda] [--workers 0|2|auto] [--max-examples N]
+                                              [--isolation on,off] [--repeat 2] [--impl T] [--out DIR]
 
 ``stages`` runs default-size examples in this process and times each stage of every
 example, the suite's own stages (``properties.stages``): generation (Hypothesis drawing a
@@ -42,6 +44,10 @@ xdist's wait (first test less the first worker's collection); then where the tim
 test goes (the workers' session end and exit, xdist waiting for their processes, the run report
 with ``--report``, the controller's own exit); medians over the runs, seconds from the command's
 start. Arguments after ``--`` go to pytest.
+
+``isolation`` runs ``pytest PATHS -n WORKERS`` once per ``--isolation`` value (each ``--repeat`` times, after
+one warm-up run) with the implementation in a child process (``on``) or in-process (``off``), and prints
+examples/s of the whole command and of the tests alone, each as a ratio to the first value's.
 """
 
 from __future__ import annotations
@@ -289,6 +295,48 @@ def run_scaling(options) -> dict:
             "workers_per_gpu": options.workers_per_gpu, "runs": runs}
 
 
+# ---- isolation ------------------------------------------------------------------------------
+
+
+def _isolation_run(options, isolation: str, report_root: Path, max_examples: int | None) -> dict:
+    """One pytest run of the suite with ``--isolation=isolation``; examples counted by its run report."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_"))}
+    if max_examples is not None:
+        env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
+    report_dir = report_root / f"{isolation}-{time.time_ns()}"
+    command = [sys.executable, "-m", "pytest", *options.paths, "-n", options.workers, "-q", "-p", "no:cacheprovider",
+               f"--device={options.device}", f"--isolation={isolation}", f"--impl={options.impl}",
+               f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
+               f"--failures-dir={report_root / 'failures'}", *options.pytest_args]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    reports = sorted(report_dir.glob("*/run.json"))
+    throughput = json.loads(reports[-1].read_text()).get("throughput", {}) if reports else {}
+    examples = throughput.get("examples", 0)
+    tail = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
+    return {"isolation": isolation, "exit": result.returncode, "summary": tail[0], "wall_s": wall,
+            "examples": examples, "examples_per_second": examples / wall if wall else 0.0,
+            "tests_wall_s": throughput.get("wall")}
+
+
+def run_isolation(options) -> dict:
+    root = Path(options.out or tempfile.mkdtemp(prefix="gqa-isolation-")) / "isolation"
+    modes = options.isolation.split(",")
+    _isolation_run(options, modes[0], root / "warmup", 2)  # Triton's cache, the page cache
+    runs = [_isolation_run(options, mode, root, options.max_examples) for _ in range(options.repeat) for mode in modes]
+    base, tests_base = runs[0]["examples_per_second"] or 1.0, _tests_rate(runs[0]) or 1.0
+    print(f"--impl={options.impl} --device={options.device} -n {options.workers}, {options.profile} profile, "
+          f"{options.max_examples or 'the profile'} examples per property; wall is the whole pytest process")
+    print(f"{'isolation':>10}{'examples':>10}{'wall s':>9}{'ex/s':>9}{'ratio':>7}{'tests ex/s':>11}{'ratio':>7}"
+          "  pytest")
+    for run in runs:
+        print(f"{run['isolation']:>10}{run['examples']:>10}{run['wall_s']:>9.1f}{run['examples_per_second']:>9.1f}"
+              f"{run['examples_per_second'] / base:>7.2f}{_tests_rate(run):>11.1f}{_tests_rate(run) / tests_base:>7.2f}"
+              f"  {run['summary']}")
+    return {"impl": options.impl, "device": options.device, "workers": options.workers, "runs": runs}
+
+
 # ---- startup --------------------------------------------------------------------------------
 
 # (process, phase, event, the row it is timed from as (process, event)): "at" is a median over the runs of the
@@ -397,7 +445,7 @@ def run_startup(options) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("stages", "syncs", "launches", "scaling", "startup"))
+    parser.add_argument("mode", choices=("stages", "syncs", "launches", "scaling", "startup", "isolation"))
     parser.add_argument("--impl", default="kernel:run", help="implementation under test (as --impl)")
     parser.add_argument("--out", default=None, help="directory for the JSON results")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
@@ -408,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", default="1,2", help="scaling: GPU counts to compare, first is the baseline")
     parser.add_argument("--max-examples", type=int, default=None,
                         help="scaling: examples per property (default: the profile's)")
-    parser.add_argument("--profile", default="gpu", help="scaling: Hypothesis profile")
+    parser.add_argument("--profile", default="gpu", help="scaling, isolation: Hypothesis profile")
     parser.add_argument("--workers-per-gpu", default="auto",
                         help="scaling: pinned xdist workers per GPU, or auto; a comma-separated list compares them")
     parser.add_argument("--mps", default="auto",
@@ -417,24 +465,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None,
                         help="scaling: runs per GPU count (default 1; the first may be cold); startup: runs (5)")
     parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling, startup: test paths")
-    parser.add_argument("--workers", default="2", help="startup: -n (a number or auto)")
+    parser.add_argument("--workers", default="2", help="startup, isolation: -n (a number or auto)")
     parser.add_argument("--select", default="test_batch_zero_gives_empty_results",
                         help="startup: -k expression; a quick test, so that the runs end soon after it starts")
     parser.add_argument("--report", action="store_true",
                         help="startup: write the run report (under --out or a temporary folder), not --run-report=none")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="scaling: skip the warm-up run")
+    parser.add_argument("--isolation", default="on,off", help="isolation: the --isolation values to compare")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     options = parser.parse_args(argv[:cut])
     options.pytest_args = argv[cut + 1:]  # startup: more pytest arguments, after --
-    options.device = options.device or ("auto" if options.mode == "startup" else "cuda")
+    options.device = options.device or ("auto" if options.mode in ("startup", "isolation") else "cuda")
     options.repeat = options.repeat or (5 if options.mode == "startup" else 1)
     if options.mode == "stages" and options.device == "auto":
         parser.error("stages: --device is cpu or cuda")
     if options.examples < 1 or (options.max_examples or 1) < 1 or options.repeat < 1:
         parser.error("--examples, --max-examples and --repeat must be positive")
     modes = {"stages": run_stages, "syncs": run_syncs, "launches": run_launches, "scaling": run_scaling,
-             "startup": run_startup}
+             "startup": run_startup, "isolation": run_isolation}
     result = modes[options.mode](options)
     if options.out:
         Path(options.out).mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,9 @@
 The fault is simulated (tests/impls/simulated_cuda_fault.py raises CUDA's message for an
 illegal address and stays "poisoned"), so the containment path runs on CPU; on a GPU the
 same path handles a real fault (docs/gpu.md has the command with a faulting kernel).
+
+These runs trust the implementation in-process (``--isolation=off``), as the suite does for its own kernel: an
+isolated implementation's fault is a failure of its example instead (tests/test_isolation.py).
 """
 
 import re
@@ -17,7 +20,8 @@ IMPL = "--impl=tests/impls/simulated_cuda_fault.py:run"
 
 
 def _run(tmp_path, *args):
-    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    env = clean_environment(GQA_DECODE_ISOLATION="off", GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+                            GQA_DECODE_REPORT_DIR="none")
     return run_pytest(CASES, IMPL, "--device=cpu", "--hypothesis-profile=ci", *args, env=env)
 
 
@@ -68,7 +72,8 @@ def test_fault_without_xdist_stops_the_session_after_that_test(tmp_path):
 
 
 def test_healthy_kernel_runs_both_cases(tmp_path):
-    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    env = clean_environment(GQA_DECODE_ISOLATION="off", GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+                            GQA_DECODE_REPORT_DIR="none")
     result = run_pytest(CASES, "--impl=tests/impls/torch_float32.py:run", "--device=cpu",
                         "--hypothesis-profile=ci", "-n", "0", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -76,7 +81,8 @@ def test_healthy_kernel_runs_both_cases(tmp_path):
 
 
 def test_an_error_raised_after_the_fault_does_not_replace_it(tmp_path):
-    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    env = clean_environment(GQA_DECODE_ISOLATION="off", GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+                            GQA_DECODE_REPORT_DIR="none")
     result = run_pytest("tests/containment_cleanup_cases.py", IMPL, "--device=cpu", "--hypothesis-profile=ci",
                         "-n", "0", env=env)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -97,7 +103,8 @@ def test_shards_of_a_crashing_property_give_one_report(tmp_path):
 
 
 def test_the_suite_running_out_of_memory_is_an_infrastructure_error_not_a_failure(tmp_path):
-    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    env = clean_environment(GQA_DECODE_ISOLATION="off", GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+                            GQA_DECODE_REPORT_DIR="none")
     result = run_pytest("tests/infrastructure_cases.py", "--impl=tests/impls/torch_float32.py:run", "--device=cpu",
                         "--hypothesis-profile=ci", "-n", "0", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -108,7 +115,8 @@ def test_the_suite_running_out_of_memory_is_an_infrastructure_error_not_a_failur
 def test_a_fault_that_surfaces_after_the_call_is_contained_too(tmp_path):
     """A sticky error raised where the example reads the result (as a GPU's asynchronous fault, or under MPS
     another process's fault, surfaces at the next synchronisation), not inside the guarded call."""
-    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    env = clean_environment(GQA_DECODE_ISOLATION="off", GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+                            GQA_DECODE_REPORT_DIR="none")
     result = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound", "--device=cpu",
                         "--impl=tests/impls/asynchronous_cuda_fault.py:run", "--hypothesis-profile=ci", "-n", "0",
                         env=env)

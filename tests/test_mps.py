@@ -39,7 +39,7 @@ def test_mps_is_detected_by_its_control_pipe(tmp_path, monkeypatch):
 
 def test_a_crash_that_passes_alone_is_an_error_and_one_that_faults_again_stays_crashed(tmp_path):
     directory = _mps_directory(tmp_path)
-    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+    env = clean_environment(GQA_DECODE_ISOLATION="off", GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
                             GQA_DECODE_REPORT_DIR=str(tmp_path / "reports"), CUDA_MPS_PIPE_DIRECTORY=str(directory))
     result = run_pytest("tests/mps_cases.py", "--impl=tests/impls/mps_neighbour_fault.py:run", "--device=cpu",
                         "--hypothesis-profile=ci", "-n", "2", "--shards=1", env=env)
@@ -65,7 +65,8 @@ def test_a_crash_that_passes_alone_is_an_error_and_one_that_faults_again_stays_c
 @pytest.mark.parametrize("under_mps", [True, False], ids=["mps", "no-mps"])
 def test_without_xdist_the_crash_that_stopped_the_session_is_replayed_under_mps_only(tmp_path, under_mps):
     directory = _mps_directory(tmp_path) if under_mps else tmp_path  # tmp_path: no control pipe there
-    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none",
+    env = clean_environment(GQA_DECODE_ISOLATION="off", GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
+                            GQA_DECODE_REPORT_DIR="none",
                             CUDA_MPS_PIPE_DIRECTORY=str(directory))
     result = run_pytest("tests/mps_cases.py", "--impl=tests/impls/mps_neighbour_fault.py:run", "--device=cpu",
                         "--hypothesis-profile=ci", "-n", "0", env=env)

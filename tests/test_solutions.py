@@ -75,7 +75,7 @@ def test_the_adapter_runs_apart_from_the_implementation(tmp_path, variant, troub
     arguments), the checker's process adapts whatever forwards the call to it, and checks the guard bands."""
     from properties.cases import DecodeCase, build
 
-    function = load_callable(str(solution_files.write(tmp_path, variant)))
+    function, _ = load_callable(str(solution_files.write(tmp_path, variant)))
     forwarded = lambda *args: function(*args)  # noqa: E731 - stands in for the call sent to a child
     inputs = build(DecodeCase(lengths=(2, 0, 3)), observe=False)
     if trouble is None:

@@ -83,13 +83,15 @@ class Guard:
         self.lost = f"{message}\n{note}"
         raise CudaContextLost(f"{message}\n{note}") from error
 
-    def wrap(self, impl: Callable, on_call: Callable[[tuple, dict], None]) -> Callable:
-        """``impl`` that reports each call to ``on_call`` and contains sticky CUDA errors it raises."""
+    def wrap(self, impl: Callable, on_call: Callable[[tuple, dict], None], *, settles: bool = True) -> Callable:
+        """``impl`` that reports each call to ``on_call`` and contains sticky CUDA errors it raises; with
+        ``settles=False`` (an implementation in a child process, which synchronises before it answers) the example
+        does not wait for the device at its end on the call's account."""
 
         @functools.wraps(impl)
         def guarded_impl(*args, **kwargs):
             on_call(args, kwargs)
-            self.pending = True  # the device may still be running it: the example settles before it ends
+            self.pending = self.pending or settles  # the device may still run it: the example settles before it ends
             try:
                 return impl(*args, **kwargs)
             except RuntimeError as error:

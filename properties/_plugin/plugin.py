@@ -37,14 +37,14 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
-from typing import TYPE_CHECKING  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # noqa: E402
 
 from .. import sibling  # noqa: E402
-from . import mps, mps_server, profiles, shards  # noqa: E402
+from . import isolation, mps, mps_server, profiles, shards  # noqa: E402
 from .target import (  # noqa: E402
     DEFAULT_IMPL,
     DeviceError,
@@ -128,6 +128,14 @@ _OPTIONS = (
     ("--workloads", "GQA_DECODE_WORKLOADS", None, str, None, "FILE.jsonl",
      "FlashInfer-Bench workloads (flashinfer-trace JSONL) of the definition under test: each becomes an "
      "explicit example of the central property"),
+    ("--isolation", "GQA_DECODE_ISOLATION", "auto", str, isolation.MODES, None,
+     "on: the implementation runs in a child process, which cannot touch the checker and whose crash or hang "
+     "fails the example; off: inside the checking process (trusted); auto: on for every --impl but this "
+     "project's own kernel"),
+    ("--sanitize", "GQA_DECODE_SANITIZE", None, str, isolation.SANITIZER_TOOLS, None,
+     "run one example in --sanitize-every in a child under compute-sanitizer --tool TOOL (GPU; needs isolation)"),
+    ("--sanitize-every", "GQA_DECODE_SANITIZE_EVERY", str(isolation.SANITIZE_EVERY), positive_int, None, "N",
+     "with --sanitize: about one example in N runs under the sanitizer"),
 )
 
 
@@ -163,6 +171,7 @@ class RunPlan:
     made_dirs: tuple[Path, ...]  # made by this process, removed at its end
     mps_server: mps_server.Server | None = None  # started by this controller for its workers, stopped at its end
     no_mps_server: str | None = None  # why starting one failed, for the header
+    isolated: bool = False  # the implementation runs in a child process (``isolation``)
 
 
 @dataclass(frozen=True)
@@ -183,6 +192,7 @@ class RunState:
     controller: bool
     claims_dir: Path
     workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the central property
+    isolated: bool = False  # the implementation runs in a child process (``isolation``)
 
 
 PLAN = pytest.StashKey[RunPlan]()
@@ -231,12 +241,13 @@ def _run_plan(config: pytest.Config) -> RunPlan:
     # Resolving ``auto`` itself, it would go to the CPU interpreter, silently, whenever CUDA failed to start in it
     # (under MPS a GPU whose faulted processes are still exiting refuses new ones): it must fail instead.
     controllers_device = getattr(config, "workerinput", {}).get(WORKER_DEVICE_KEY)
+    isolated = _isolated(option)
     try:
         if controllers_device:
             device = controllers_device
         elif controller:  # without torch: the workers start before this process imports it
             device = device_type(option.device)
-            check_spec(option.impl, root=config.rootpath)  # the rest of --impl's checks: once they are starting
+            check_spec(option.impl, root=config.rootpath, find=not isolated)  # the rest: once they are starting
         else:
             device = resolve_device(option.device).type
     except (DeviceError, ImplSpecError) as error:
@@ -261,7 +272,36 @@ def _run_plan(config: pytest.Config) -> RunPlan:
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
         controller=controller, claims_dir=claims_dir, made_dirs=made, mps_server=server, no_mps_server=no_server,
+        isolated=isolated,
     )
+
+
+def _isolated(option: argparse.Namespace) -> bool:
+    """Whether this run's implementation runs in a child process; --sanitize without it is a usage error."""
+    isolated = isolation.isolated(option.isolation, option.impl, DEFAULT_IMPL)
+    if option.sanitize and not isolated:
+        raise pytest.UsageError(f"--sanitize={option.sanitize} runs the implementation in a sanitized child "
+                                f"process: it needs --isolation=on or auto, not --isolation={option.isolation}")
+    return isolated
+
+
+def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, definition: Any) -> Target:
+    """The implementation: imported here, or (isolated) in a child process that reports its declarations.
+    ``definition``: the one ``--definition`` names, if any (a Solution file for another is refused)."""
+    if not plan.isolated:
+        return load_target(plan.spec, root=config.rootpath, definition=definition)
+    import dataclasses
+
+    from .isolated_impl import Launch, load_isolated_target
+    from .target import solution_and_definition
+
+    solution = None
+    if plan.spec.endswith(".json"):  # read here, its code run in the child only
+        solution, definition = solution_and_definition(plan.spec, config.rootpath, definition)
+    option = config.option
+    launch = Launch(plan.spec, config.rootpath, device.type, sanitize=option.sanitize)
+    target = load_isolated_target(launch, option.sanitize_every)
+    return dataclasses.replace(target, solution=solution, definition=definition) if solution else target
 
 
 def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_server.Server | None, str | None]:
@@ -286,7 +326,7 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
         chosen = definitions.select(option.definition, root=config.rootpath) if option.definition else None
         device = confirm_device(option.device, plan.device) if plan.controller else resolve_device(plan.device)
-        target = load_target(plan.spec, root=config.rootpath, definition=chosen[0] if chosen else None)
+        target = _load_target(config, plan, device, chosen[0] if chosen else None)
         chosen = chosen or (target.definition or definitions.SEED,)
         _check_serves(target, chosen)
     except (DeviceError, ImplSpecError, definitions.DefinitionError) as error:
@@ -301,6 +341,7 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
         report_dir=None if report == "none" else config.rootpath / report / plan.run_id, worker=plan.worker,
         controller=plan.controller, claims_dir=plan.claims_dir, workload_cases=workload_cases,
+        isolated=plan.isolated,
     )
 
 
@@ -336,6 +377,8 @@ def _start(config: pytest.Config) -> SuiteRun:
     from .suite_run import SuiteRun
 
     state = _run_state(config, config.stash[PLAN])
+    if state.controller and state.isolated:  # it runs no test: its child only told the declarations
+        state.target.function.close()
     config.stash[RUN] = state
     _active = state
     run = SuiteRun(config, state, PIN)
@@ -390,6 +433,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
             f"gqa-decode: definition={_definition_names(config, run)}",
+            "gqa-decode: " + isolation.mode_line(plan.isolated, config.option.isolation, config.option.sanitize),
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]

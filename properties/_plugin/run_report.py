@@ -29,7 +29,7 @@ from typing import Any
 from hypothesis.errors import HypothesisException
 
 from ..stages import SAMPLE_EVERY, STAGES, StageClock
-from . import causes, mps
+from . import causes, isolation, mps
 from .casefiles import replay_command
 from .shards import example_targets, property_name
 
@@ -522,11 +522,13 @@ def _causes_section(found: dict | None) -> list[str]:
 
 
 def _markdown(merged: dict[str, dict], run_id: str, mps_line: str | None, replays: list[mps.Replay],
-              found: dict | None = None) -> str:
-    """The verdict (run id, tier, verdict line, root causes, MPS, table, failures, errors, crash replays), then
-    coverage."""
+              found: dict | None = None, isolation_line: str | None = None) -> str:
+    """The verdict (run id, tier, verdict line, root causes, isolation, MPS, table, failures, errors, crash
+    replays), then coverage."""
     lines = [f"# Run report {run_id}", "", f"Tier: {run_tier(merged)}", "", f"**{verdict_line(merged)}**", "",
-             *_causes_section(found), *([mps_line, ""] if mps_line else []), *verdict_table(merged), "",
+             *_causes_section(found),
+             *([isolation_line[0].upper() + isolation_line[1:], ""] if isolation_line else []),
+             *([mps_line, ""] if mps_line else []), *verdict_table(merged), "",
              "Worst err/bound is over passing examples; a failing example exceeds 1 by definition.",
              *_failures_list(merged), *_errors_list(merged), *_replays_list(replays), *_coverage(merged)]
     return "\n".join(lines) + "\n"
@@ -732,13 +734,15 @@ def write_report(directory: Path, run_id: str) -> Path | None:
     pipe, replays = _mps(directory)
     mps_line = mps.report_line(pipe, replays) if pipe else None
     found = causes.load(directory)
+    isolation_line = isolation.load(directory)
     (directory / "report.json").write_text(json.dumps(
         {**({"causes": found} if found else {}),
          **{name: {**entry, "counts": {d: dict(c) for d, c in entry["counts"].items()}}
             for name, entry in merged.items()}}, indent=1), encoding="utf-8")
     (directory / "run.json").write_text(json.dumps(
         {"run": run_id, "tier": run_tier(merged), "verdict": verdict_line(merged),
-         "throughput": run_throughput(lines), "gpus": gpu_throughput(lines), "mps": mps_line}, indent=1),
+         "throughput": run_throughput(lines), "gpus": gpu_throughput(lines), "mps": mps_line,
+         "isolation": isolation_line}, indent=1),
         encoding="utf-8")
     report = directory / "report.md"
     workers = ["", "## Workers", "", *workers_table(directory), *_throughput(lines)]
@@ -746,6 +750,6 @@ def write_report(directory: Path, run_id: str) -> Path | None:
         _summary_png(merged, directory / "summary.png", run_id, note=mps_line)
     except ImportError:  # matplotlib missing (a bare GPU image): the report stays, without its picture
         workers += ["", "(no summary.png: matplotlib is not installed)"]
-    report.write_text(_markdown(merged, run_id, mps_line, replays, found) + "\n".join(workers) + "\n",
-                      encoding="utf-8")
+    report.write_text(_markdown(merged, run_id, mps_line, replays, found, isolation_line) + "\n".join(workers)
+                      + "\n", encoding="utf-8")
     return report

@@ -25,7 +25,7 @@ import torch
 from hypothesis.errors import HypothesisException
 
 from .. import cases, stages
-from . import casefiles, causes, gpus, knobs, mps, run_report, shards
+from . import casefiles, causes, gpus, isolation, knobs, mps, run_report, shards
 from .containment import CudaContextLost, Guard, is_sticky_cuda_error
 from .target import WAIVERS, Target
 
@@ -161,6 +161,8 @@ class SuiteRun:
         stages.install(self.counter.clock)
         cases.add_build_observer(self.counter.observe_case)
         self.is_controller = state.controller
+        # The implementation's child process (``isolated_impl``), where it runs in one.
+        self.isolated = state.target.function if state.isolated and not state.controller else None
         if not self.is_controller:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
@@ -176,11 +178,14 @@ class SuiteRun:
             return target.serving(cases.active_definition())(*args, **kwargs)
 
         function = _as_declared(target, self.knob_draws.applied_to(in_active_definition))
-        return stages.timed("kernel", self.guard.wrap(function, self.recorder.note_call))
+        return stages.timed("kernel", self.guard.wrap(function, self.recorder.note_call,
+                                                      settles=not self.state.isolated))
 
     # ---- session -------------------------------------------------------------------------------
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.isolated is not None:
+            self.isolated.close()
         cases.remove_build_observer(self.recorder.note_build)
         cases.remove_build_observer(self.counter.observe_case)
         stages.uninstall()
@@ -241,7 +246,8 @@ class SuiteRun:
             shards.share_database_key(item)
         with shards.wrapping_examples(item, self.remembering), shards.wrapping_examples(item, self.counter.counting), \
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
-                shards.wrapping_examples(item, self.guard.shielding):
+                shards.wrapping_examples(item, self.guard.shielding), \
+                shards.wrapping_examples(item, self.isolated.wrapping) if self.isolated else contextlib.nullcontext():
             yield
 
     def remembering(self, example: Callable) -> Callable:
@@ -272,6 +278,8 @@ class SuiteRun:
         self.seen_failure, self.reported_records = None, {}
         self.recorder.begin(item.nodeid)
         self.counter.begin(item.nodeid)
+        if self.isolated is not None and self.isolated.share is not None:
+            self.isolated.share.begin_item()
         self.started[item.nodeid] = time.perf_counter()
 
     @pytest.hookimpl(hookwrapper=True)
@@ -365,6 +373,15 @@ class SuiteRun:
         if self.state.worker is None:  # without xdist this process reports its own crash
             self.crashes[nodeid] = str(path)
         return path
+
+    def _isolation_line(self) -> str:
+        option = self.config.option
+        line = isolation.mode_line(self.state.isolated, option.isolation, option.sanitize)
+        if self.isolated is not None and (self.isolated.restarts or self.isolated.share):
+            line += f" ({self.isolated.calls} calls, {self.isolated.restarts} child restarts" + (
+                f", examples sanitized/plain {self.isolated.share.counts['sanitized']}/"
+                f"{self.isolated.share.counts['plain']}" if self.isolated.share else "") + ")"
+        return line
 
     def _gpu(self) -> str | None:
         if self.state.device.type != "cuda":
@@ -481,6 +498,7 @@ class SuiteRun:
             mps.save(directory, self.mps_pipe, self.replays)
         if self.causes is not None:
             causes.save(directory, self.causes)
+        isolation.save(directory, self._isolation_line())
         self.report_path = run_report.write_report(directory, self.state.run_id)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -488,6 +506,7 @@ class SuiteRun:
         names = ", ".join(d.name for d in state.definitions)
         terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}, "
                                         f"definition {names}")
+        terminalreporter.write_line(self._isolation_line())
         for said in state.target.declarations():
             terminalreporter.write_line(f"declared by the implementation: {said}")
         found = causes.summary_lines(self.causes)

@@ -47,7 +47,8 @@ from . import gpus
 DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
 
 __all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "check_spec", "confirm_device", "device_type",
-           "in_definition_order", "load_callable", "load_impl", "load_target", "resolve_device"]
+           "declared_by", "in_definition_order", "load_callable", "load_impl", "load_target", "make_target",
+           "resolve_device"]
 
 
 class DeviceError(ValueError):
@@ -169,8 +170,8 @@ class Target:
         return said + [f"waives {name}: {WAIVERS[name]}" for name in sorted(self.waives)]
 
 
-def _declared_knobs(spec: str, function: Callable) -> dict[str, tuple[Any, ...]]:
-    knobs = getattr(function, "knobs", None) or {}
+def _declared_knobs(spec: str, knobs: Any) -> dict[str, tuple[Any, ...]]:
+    knobs = knobs or {}
     if not isinstance(knobs, dict) or not all(
         isinstance(name, str) and isinstance(values, (tuple, list)) and values for name, values in knobs.items()
     ):
@@ -178,36 +179,59 @@ def _declared_knobs(spec: str, function: Callable) -> dict[str, tuple[Any, ...]]
     return {name: tuple(values) for name, values in knobs.items()}
 
 
-def load_target(spec: str, root: Path | None = None, definition: Any = None) -> Target:
-    """The ``Target`` that ``spec`` names, with its declarations checked (a destination-passing function is adapted
-    per definition, by ``serving``). ``definition``: the one ``--definition`` names, if any; a Solution file for
-    another one is refused (without it, a Solution's ``Target.definition`` is its own)."""
-    solution, convention = None, ""
-    if _is_solution(spec):
-        solution, function, dps, convention, definition = _load_solution(spec, root, definition)
-    else:
-        function = load_impl(spec, root)
-        dps = getattr(function, "destination_passing_style", False)
-        if not isinstance(dps, bool):
-            raise ImplSpecError(f"--impl={spec!r}: destination_passing_style must be True or False, got {dps!r}")
-    returns_lse = getattr(function, "returns_lse", True)
+def declared_by(function: Callable) -> dict[str, Any]:
+    """The declarations ``function`` carries as attributes, unchecked: what an isolated child reports."""
+    return {"returns_lse": getattr(function, "returns_lse", True), "knobs": getattr(function, "knobs", None),
+            "waives": getattr(function, "waives", ()),
+            "destination_passing_style": getattr(function, "destination_passing_style", False),
+            "serves_several": callable(getattr(function, "for_definition", None))}
+
+
+def make_target(spec: str, function: Callable, declared: dict[str, Any], *, solution: Any = None,
+                definition: Any = None) -> Target:
+    """The ``Target`` of ``function`` with its declarations (``declared_by``'s form, plus a Solution's
+    ``convention``) checked; ``solution`` and ``definition`` where a Solution file says them."""
+    dps = declared.get("destination_passing_style", False)
+    if not isinstance(dps, bool):
+        raise ImplSpecError(f"--impl={spec!r}: destination_passing_style must be True or False, got {dps!r}")
+    returns_lse = declared.get("returns_lse", True)
     if not isinstance(returns_lse, bool):
         raise ImplSpecError(f"--impl={spec!r}: returns_lse must be True or False, got {returns_lse!r}")
-    waives = getattr(function, "waives", ())
-    if isinstance(waives, str) or not set(waives) <= set(WAIVERS):
+    waives = declared.get("waives", ())
+    if isinstance(waives, str) or not isinstance(waives, (tuple, list, set, frozenset)) \
+            or not set(waives) <= set(WAIVERS):
         raise ImplSpecError(f"--impl={spec!r}: waives must be a tuple drawn from {tuple(WAIVERS)}, got {waives!r}")
-    return Target(spec, function, returns_lse, _declared_knobs(spec, function), frozenset(waives),
-                  destination_passing_style=dps, convention=convention, solution=solution, definition=definition)
+    return Target(spec, function, returns_lse, _declared_knobs(spec, declared.get("knobs")), frozenset(waives),
+                  destination_passing_style=dps, convention=declared.get("convention", ""), solution=solution,
+                  definition=definition)
 
 
-def load_callable(spec: str, root: Path | None = None) -> Callable:
-    """What the process that runs the implementation calls (this one, or an isolated child): ``load_impl``'s
-    callable, or a Solution file's entry point. A destination-passing one still takes ``output, lse``: the
-    checker's process adapts it (``Target.serving``: ``destinations.returning`` around whatever forwards the call),
-    so the guard bands are checked where the implementation cannot reach them."""
+def load_target(spec: str, root: Path | None = None, definition: Any = None) -> Target:
+    """The ``Target`` that ``spec`` names, imported into this process, with its declarations checked (a
+    destination-passing function is adapted per definition, by ``serving``). ``definition``: the one
+    ``--definition`` names, if any; a Solution file for another one is refused (without it, a Solution's
+    ``Target.definition`` is its own)."""
+    solution = None
     if _is_solution(spec):
-        return _load_solution(spec, root, None)[1]
-    return load_impl(spec, root)
+        solution, definition = solution_and_definition(spec, root, definition)
+    function, declared = load_callable(spec, root)
+    return make_target(spec, function, declared, solution=solution, definition=definition)
+
+
+def load_callable(spec: str, root: Path | None = None) -> tuple[Callable, dict[str, Any]]:
+    """What the process that runs the implementation loads (this one, or an isolated child): the callable and its
+    declarations (``declared_by``'s form; a Solution's calling convention from its spec or its signature). A
+    destination-passing one still takes ``output, lse``: the checker's process adapts it (``Target.serving``:
+    ``destinations.returning`` around whatever forwards the call), so the guard bands are checked where the
+    implementation cannot reach them."""
+    if not _is_solution(spec):
+        function = load_impl(spec, root)
+        return function, declared_by(function)
+    from . import solutions
+
+    solution, own = solution_and_definition(spec, root, None)
+    function, dps, convention = solutions.load_solution(solution, own)
+    return function, {**declared_by(function), "destination_passing_style": dps, "convention": convention}
 
 
 def _is_solution(spec: str) -> bool:
@@ -223,8 +247,9 @@ def _solution_path(spec: str, root: Path | None) -> Path:
     return path
 
 
-def _load_solution(spec: str, root: Path | None, definition: Any) -> tuple:
-    """A Solution file's (solution, entry point, destination-passing?, why, definition)."""
+def solution_and_definition(spec: str, root: Path | None, definition: Any) -> tuple:
+    """A Solution file's ``solutions.Solution`` and its definition, read and checked without importing its code;
+    ``ImplSpecError`` where ``definition`` (``--definition``'s) is another one."""
     from . import solutions
 
     definitions = sibling("reference.definitions")
@@ -236,8 +261,7 @@ def _load_solution(spec: str, root: Path | None, definition: Any) -> tuple:
         own = definitions.by_name(solution.definition)
     except definitions.DefinitionError as error:
         raise ImplSpecError(f"--impl={spec!r}: its definition: {error}") from None
-    function, dps, convention = solutions.load_solution(solution, own)
-    return solution, function, dps, convention, own
+    return solution, own
 
 
 class ImplSpecError(ValueError):
@@ -280,10 +304,10 @@ def _parse_spec(spec: str, root: Path | None) -> tuple[Path | str, str]:
     return path.resolve(), attribute
 
 
-def check_spec(spec: str, root: Path | None = None) -> None:
+def check_spec(spec: str, root: Path | None = None, *, find: bool = True) -> None:
     """What ``load_impl`` checks without importing the target: the form, the file, the module being found (its
-    parent packages are imported to find it). An xdist controller checks this much before starting its workers,
-    the rest once they are starting."""
+    parent packages are imported to find it; not with ``find=False``, for a target that runs in a process of its
+    own). An xdist controller checks this much before starting its workers, the rest once they are starting."""
     if _is_solution(spec):  # read and checked in full: no torch, nothing imported
         from . import solutions
 
@@ -292,8 +316,8 @@ def check_spec(spec: str, root: Path | None = None) -> None:
     target, _ = _parse_spec(spec, root)
     if isinstance(target, Path):
         return
-    try:
-        found = importlib.util.find_spec(target)
+    try:  # a top-level name is found without running any of its code
+        found = importlib.util.find_spec(target if find else target.partition(".")[0])
     except (ImportError, ValueError) as error:
         raise ImplSpecError(f"--impl={spec!r}: cannot import module {target!r} ({error})") from error
     if found is None:

@@ -1,0 +1,499 @@
+"""The parent side of isolation (see ``isolation``): ``IsolatedImpl``, the callable the properties call, and the
+``Child`` process behind it; what the parent accepts from the child and how inputs reach it."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import multiprocessing.connection
+import multiprocessing.spawn
+import os
+import pickle
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import threading
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+import torch.multiprocessing
+
+from . import isolation_child
+from .isolation import (
+    BASE_TIMEOUT_S,
+    CALL_TIMEOUT_ENV,
+    PER_TOKEN_S,
+    SANITIZE_EVERY,
+    SANITIZER_ENV,
+    ImplementationCrashed,
+    ImplementationFailed,
+    ImplementationHung,
+    ResultChangedAfterReturn,
+    SanitizerError,
+    call_deadline,
+)
+from .isolation_child import copied, copy_back
+from .target import ImplSpecError, Target, make_target
+
+START_TIMEOUT_S = 120.0  # spawn, import torch and the target (and a sanitizer's start)
+LOG_TAIL_LINES = 30
+# Environment variables that tell a process it runs under the suite: the child starts without them.
+_TELLING_PREFIXES = ("PYTEST_", "GQA_DECODE_", "HYPOTHESIS", "_PYTEST")
+
+__all__ = ["Child", "IsolatedImpl", "Launch", "load_isolated_target"]
+
+
+# ---- what the parent accepts from the child -----------------------------------------------------
+
+_ALLOWED = {
+    ("torch.multiprocessing.reductions", name) for name in (
+        "rebuild_tensor", "rebuild_cuda_tensor", "rebuild_storage_fd", "rebuild_storage_filename",
+        "rebuild_storage_empty", "rebuild_typed_storage", "rebuild_typed_storage_child", "rebuild_event")
+} | {("torch.storage", "UntypedStorage"), ("torch.storage", "TypedStorage"), ("torch", "Tensor"),
+     ("torch", "Size"), ("torch", "device"), ("multiprocessing.resource_sharer", "DupFd"),
+     ("torch._utils", "_rebuild_tensor_v2"), ("collections", "OrderedDict")}
+
+
+class _Unpickler(pickle.Unpickler):
+    """Unpickles torch's shared tensors and plain data only: no other class or function is found."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"the implementation's process sent {module}.{name}, which the checking "
+                                     "process does not accept (only tensors and plain data)")
+
+
+def _loads(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def _owned(value: Any, received: list) -> Any:
+    """``value`` with each tensor copied into the parent's own memory (the original kept in ``received``)."""
+    if isinstance(value, torch.Tensor):
+        received.append((value, copy := value.clone()))
+        return copy
+    if isinstance(value, (tuple, list)):
+        return type(value)(_owned(item, received) for item in value)
+    if isinstance(value, dict):
+        return {key: _owned(item, received) for key, item in value.items()}
+    return value
+
+
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (NaN equals the same NaN)."""
+    as_int = _SAME_SIZE_INTS.get(a.element_size())
+    if as_int is None or a.dtype != b.dtype:
+        return torch.equal(a, b)
+    return torch.equal(a.view(as_int), b.view(as_int))
+
+
+# ---- the inputs' way in -----------------------------------------------------------------------
+
+
+def _ambient() -> dict[str, Any]:
+    return {"fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled()}
+
+
+def _reraised(description: dict) -> BaseException:
+    """The implementation's exception as the nearest built-in ``Exception`` class, naming the original."""
+    import builtins
+
+    for name in description.get("mro", ()):
+        cls = getattr(builtins, str(name), None)
+        if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception:
+            break
+    else:
+        cls = Exception
+    original = description.get("type", "?")
+    message = str(description.get("message", ""))
+    said = message if original.startswith("builtins.") else f"{original}: {message}"
+    try:
+        error = cls(said)
+    except Exception:  # noqa: BLE001 - a built-in whose constructor wants more (UnicodeDecodeError)
+        error = Exception(said)
+    error.add_note(f"raised in the implementation's process:\n{description.get('traceback', '')}")
+    return error
+
+
+# ---- starting a child without telling it it is under test ---------------------------------------
+
+
+@contextlib.contextmanager
+def _neutral_start(executable: str | None, extra_env: dict[str, str]) -> Iterator[None]:
+    """While a child starts: no pytest, Hypothesis or suite variables in its environment, no ``__main__`` for
+    spawn to import again (a ``pytest`` script would bring pytest in), and ``executable`` (a sanitizer wrapper)
+    instead of this Python. The one process-wide change is undone at once."""
+    saved_env = {name: value for name, value in os.environ.items() if name.startswith(_TELLING_PREFIXES)}
+    saved_extra = {name: os.environ.get(name) for name in extra_env}
+    main, exe = sys.modules.get("__main__"), multiprocessing.spawn.get_executable()
+    with _START_LOCK:
+        try:
+            for name in saved_env:
+                del os.environ[name]
+            os.environ.update(extra_env)
+            sys.modules["__main__"] = types.ModuleType("__main__")
+            if executable is not None:
+                multiprocessing.spawn.set_executable(executable)
+            yield
+        finally:
+            multiprocessing.spawn.set_executable(exe)
+            if main is not None:
+                sys.modules["__main__"] = main
+            for name, value in saved_extra.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            os.environ.update(saved_env)
+
+
+_START_LOCK = threading.Lock()
+
+
+def _sanitizer_wrapper(tool: str, directory: Path) -> tuple[str, Path]:
+    """A script that starts Python under ``compute-sanitizer --tool TOOL``, logging to a file; both paths."""
+    sanitizer = os.environ.get(SANITIZER_ENV) or shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        raise FileNotFoundError("--sanitize needs NVIDIA's compute-sanitizer on PATH (or GQA_DECODE_SANITIZER)")
+    log = directory / f"{tool}.log"
+    wrapper = directory / "python-under-sanitizer"
+    wrapper.write_text(f"#!/bin/sh\nexec '{sanitizer}' --tool {tool} --log-file '{log}' --print-limit 100 "
+                       f"'{sys.executable}' \"$@\"\n", encoding="utf-8")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return str(wrapper), log
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a child needs: the ``--impl`` spec and the root its relative path resolves against, the device
+    choice, and a sanitizer tool (None: plain). Definitions travel with the calls (``IsolatedImpl.for_definition``)."""
+
+    spec: str
+    root: Path
+    device: str
+    sanitize: str | None = None
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no output)"
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(tail) or "(no output)"
+
+
+def _exit_words(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+class Child:
+    """One child process serving calls of the target; ``call`` raises ``ImplementationFailed`` when it dies,
+    hangs or (sanitized) logs an error. A dead child stays dead: the ``IsolatedImpl`` starts another."""
+
+    def __init__(self, launch: Launch) -> None:
+        self.launch = launch
+        self.directory = Path(tempfile.mkdtemp(prefix="gqa-decode-impl-"))
+        self.log = self.directory / "child.log"
+        executable, self.sanitizer_log = None, None
+        extra_env = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"} if launch.sanitize else {}
+        if launch.sanitize:
+            executable, self.sanitizer_log = _sanitizer_wrapper(launch.sanitize, self.directory)
+        context = torch.multiprocessing.get_context("spawn")
+        self.connection, theirs = context.Pipe()
+        payload = {"spec": launch.spec, "root": str(launch.root), "device": launch.device,
+                   "log": str(self.log), "sanitize": launch.sanitize}
+        self.process = context.Process(target=isolation_child.main, args=(theirs, payload),
+                                       name="gqa-decode-impl", daemon=False)
+        with _neutral_start(executable, extra_env):
+            self.process.start()
+        theirs.close()
+        self.sanitizer_seen = 0
+        kind, said = self._receive(START_TIMEOUT_S + float(os.environ.get(CALL_TIMEOUT_ENV) or BASE_TIMEOUT_S),
+                                   "starting")
+        if kind == "refused":
+            self.stop()
+            raise ChildRefused(_refusal(said))
+        if kind != "ready" or not isinstance(said, dict):
+            self.stop()
+            raise ChildRefused(f"the implementation's process answered {kind!r} to its start")
+        self.declarations = said
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process still runs."""
+        return self.process.is_alive()
+
+    def call(self, definition: Any, args: tuple | None, kwargs: dict | None, received: list) -> Any:
+        """Call the target (bound to ``definition`` where it declares ``for_definition``; None: as loaded) in the
+        child; its result, in tensors the parent owns (originals in ``received``). ``args=None`` only binds."""
+        copies: dict = {}
+        message = ("call", definition, copied(args, copies, "cpu"), copied(kwargs, copies, "cpu"), _ambient())
+        try:
+            self.connection.send(message)
+        except (BrokenPipeError, ConnectionError, EOFError) as error:
+            raise self._died("before the call reached it") from error
+        kind, value = self._receive(call_deadline(args or (), kwargs or {}), "the call")
+        copy_back(copies)
+        self._check_sanitizer()
+        if kind == "result":
+            return _owned(value, received)
+        if kind == "raised" and isinstance(value, dict):
+            if _is_sticky(value):
+                self.stop()
+                raise ImplementationCrashed(f"the implementation's CUDA context was lost (a sticky error: every later "
+                                            f"call in that process would fail): {value.get('message')}\n"
+                                            "its process was replaced")
+            raise _reraised(value)
+        raise ImplementationFailed(f"the implementation's process answered {kind!r}")
+
+    def _receive(self, timeout: float, what: str) -> tuple[str, Any]:
+        ready = multiprocessing.connection.wait([self.connection, self.process.sentinel], timeout)
+        if self.connection in ready:
+            try:
+                message = _loads(self.connection.recv_bytes())
+            except (EOFError, OSError) as error:
+                raise self._died(f"during {what}") from error
+            except pickle.UnpicklingError as error:
+                self.stop()
+                raise ImplementationFailed(str(error)) from None
+            if isinstance(message, tuple) and len(message) == 2 and isinstance(message[0], str):
+                return message
+            self.stop()
+            raise ImplementationFailed("the implementation's process sent something other than an answer")
+        if ready:
+            raise self._died(f"during {what}")
+        tail = _log_tail(self.log)
+        self.stop()
+        raise ImplementationHung(f"the implementation did not answer within {timeout:.1f} s ({what}; deadline: "
+                                 f"{CALL_TIMEOUT_ENV} or {BASE_TIMEOUT_S:.0f} s, plus {PER_TOKEN_S * 1e3:.0f} ms "
+                                 f"per KV token); its process was killed\nits last output:\n{tail}")
+
+    def _died(self, when: str) -> ImplementationCrashed:
+        self.process.join(5)
+        code = self.process.exitcode
+        tail, report = _log_tail(self.log), self._sanitizer_report() if self.sanitizer_log else ""
+        self.stop()  # removes the log
+        return ImplementationCrashed(f"the implementation's process died {when} ({_exit_words(code)}); its process "
+                                     f"will be replaced\nits last output:\n{tail}"
+                                     + (f"\ncompute-sanitizer:\n{report}" if report else ""))
+
+    def _sanitizer_report(self) -> str:
+        try:
+            text = self.sanitizer_log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(line for line in text.splitlines() if line.startswith("========="))
+
+    def _check_sanitizer(self) -> None:
+        """A sanitized child: any error line logged since the last call fails this one."""
+        if self.sanitizer_log is None:
+            return
+        lines = self._sanitizer_report().splitlines()
+        new, self.sanitizer_seen = lines[self.sanitizer_seen:], len(lines)
+        if any(_is_sanitizer_error(line) for line in new):
+            self.stop()
+            raise SanitizerError(f"compute-sanitizer --tool {self.launch.sanitize} reported during the call:\n"
+                                 + "\n".join(new[:200]))
+
+    def stop(self) -> None:
+        """End the process (politely when idle, killed otherwise) and remove its folder."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.process.is_alive():
+                with contextlib.suppress(BrokenPipeError, ConnectionError, OSError):
+                    self.connection.send(("stop",))
+                self.process.join(0.5)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        with contextlib.suppress(OSError):
+            self.connection.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _refusal(description: Any) -> str:
+    """The child's reason for not loading the target: ``ImplSpecError``'s own words, or the error and where."""
+    if not isinstance(description, dict):
+        return str(description)
+    message = str(description.get("message", ""))
+    if str(description.get("type", "")).endswith(".ImplSpecError"):
+        return message
+    return (f"importing or binding it raised {description.get('type')}: {message}\n"
+            f"{str(description.get('traceback', ''))[-3000:]}")
+
+
+class ChildRefused(Exception):  # noqa: N818
+    """The child could not load the target (bad spec, import error, bad declaration); the message says why."""
+
+
+_BENIGN = ("========= COMPUTE-SANITIZER", "========= ERROR SUMMARY: 0 errors")
+
+
+def _is_sanitizer_error(line: str) -> bool:
+    return line.startswith("=========") and line.strip() != "=========" and not line.startswith(_BENIGN) \
+        and not line.startswith("=========     ")  # an error's indented detail lines; its first line counts
+
+
+def _is_sticky(description: dict) -> bool:
+    from .containment import is_sticky_cuda_error
+
+    if "RuntimeError" not in description.get("mro", ()):
+        return False
+    return is_sticky_cuda_error(RuntimeError(str(description.get("message", ""))))
+
+
+class SanitizerShare:
+    """Which examples run in the sanitized child: a value drawn in the example (it replays and shrinks with it),
+    one in ``every``; after a sanitizer error, every example of that test item, so shrinking stays sanitized."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._example: object = None
+        self._sanitized = False
+        self.promoted = False
+        self.counts = {"sanitized": 0, "plain": 0}
+
+    def begin_item(self) -> None:
+        """A new test item: the promotion of the last one ends."""
+        self.promoted = False
+
+    def current(self) -> bool:
+        """Whether the running example's calls go to the sanitized child."""
+        from hypothesis import strategies as st
+
+        from . import shards
+
+        example = shards.running_example()
+        if example is None:
+            return self.promoted
+        if example is not self._example:
+            drawn = shards.draw_in(example, st.integers(0, self.every - 1), label="sanitized")
+            self._example, self._sanitized = example, self.promoted or drawn == self.every - 1
+            self.counts["sanitized" if self._sanitized else "plain"] += 1
+        return self._sanitized
+
+
+class IsolatedImpl:
+    """The callable the properties call in place of the implementation: each call runs in a child (``Child``),
+    started at construction (for the target's declarations) and again after one dies."""
+
+    def __init__(self, launch: Launch, sanitize_every: int = SANITIZE_EVERY) -> None:
+        self.launch = launch
+        self.__name__ = self.__qualname__ = f"isolated {launch.spec}"
+        self._children: dict[bool, Child | None] = {False: Child(replace(launch, sanitize=None)), True: None}
+        self.declarations = self._children[False].declarations
+        if self.declarations.get("serves_several"):  # what ``Target.serves_several`` looks for
+            self.for_definition = self._for_definition
+        self.share = SanitizerShare(sanitize_every) if launch.sanitize else None
+        self._received: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.calls = self.restarts = 0
+
+    def _child(self, sanitized: bool) -> Child:
+        child = self._children[sanitized]
+        if child is None or not child.alive:
+            if child is not None:
+                self.restarts += 1
+            child = Child(self.launch if sanitized else replace(self.launch, sanitize=None))
+            self._children[sanitized] = child
+        return child
+
+    def __call__(self, *args, **kwargs):
+        return self.call(None, args, kwargs)
+
+    def _for_definition(self, definition: Any) -> Callable:
+        """The target's ``for_definition(definition)``, run in the child now (a refusal raises here, as the nearest
+        built-in class of what it raised); calls of what it returns carry the definition to the child."""
+        try:
+            self.call(definition, None, None)
+        except ImplementationFailed as error:  # ``Target.serving`` words a ValueError as a refusal
+            raise ValueError(str(error)) from None
+        return functools.partial(self.call_bound, definition)
+
+    def call_bound(self, definition: Any, *args, **kwargs):
+        """A call of the target bound to ``definition``."""
+        return self.call(definition, args, kwargs)
+
+    def call(self, definition: Any, args: tuple | None, kwargs: dict | None):
+        """One call in a child (the sanitized one for the example's share); ``args=None`` only binds."""
+        self.check_returned()
+        sanitized = self.share is not None and args is not None and self.share.current()
+        self.calls += args is not None
+        try:
+            return self._child(sanitized).call(definition, args, kwargs, self._received)
+        except ImplementationFailed as error:
+            failure = error
+            if isinstance(error, SanitizerError) and self.share is not None:
+                self.share.promoted = True
+        _raise_plainly(failure)
+
+    def check_returned(self) -> None:
+        """Every tensor the child returned since the last check still holds what the parent copied on receipt."""
+        received, self._received = self._received, []
+        for shared, copy in received:
+            if not _bits_equal(shared, copy):
+                _raise_plainly(ResultChangedAfterReturn(
+                    "the implementation wrote into a result after it had returned it (a thread or a stream left "
+                    f"running after the call): a {tuple(shared.shape)} {shared.dtype} result changed after the "
+                    "check had copied it"))
+
+    def wrapping(self, example: Callable) -> Callable:
+        """``example`` (one Hypothesis example) followed by ``check_returned`` when it passed."""
+
+        def checked(*args, **kwargs):
+            result = example(*args, **kwargs)
+            self.check_returned()
+            return result
+
+        return checked
+
+    def close(self) -> None:
+        """Stop the children."""
+        for child in self._children.values():
+            if child is not None:
+                child.stop()
+        self._received = []
+
+
+def _raise_plainly(failure: ImplementationFailed) -> NoReturn:
+    """Raise ``failure`` from this one line, without the chained errors that led to it. Hypothesis tells failures
+    apart by their type and where they were raised, chained errors included (its "interesting origin"): a child's
+    death seen while sending the call and the same death seen while waiting for the answer are one failure, which
+    it would otherwise report as flaky (seen with tests/impls/process_faults.py:segfault). Call it outside any
+    ``except`` block, where Python would chain the error being handled."""
+    failure.__cause__ = failure.__context__ = None
+    raise failure.with_traceback(None)
+
+
+def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY) -> Target:
+    """The ``Target`` of ``launch.spec`` loaded in a child: its declarations as the child reports them, checked
+    here, and an ``IsolatedImpl`` as its function. A target the child cannot load raises ``ImplSpecError``."""
+    try:
+        function = IsolatedImpl(launch, sanitize_every)
+    except ChildRefused as error:
+        said = str(error)
+        raise ImplSpecError(said if said.startswith("--impl=") else f"--impl={launch.spec!r}: {said}") from None
+    try:
+        return make_target(launch.spec, function, function.declarations)
+    except ImplSpecError:
+        function.close()
+        raise

@@ -1,0 +1,171 @@
+"""The child side of ``isolation``: the one process that imports and calls the implementation under test.
+
+Started by ``isolation.Child`` (torch.multiprocessing, spawn); imports torch and the target and little else
+(neither pytest nor Hypothesis nor the suite's oracle, bound or comparison). Its vocabulary over the pipe:
+
+- it sends ``("ready", declarations)`` once the target is loaded, or ``("refused", text)``;
+- then, for each ``("call", args, kwargs, ambient)`` it receives, it calls the target, waits for the device
+  (``torch.cuda.synchronize``: work the call left on a side stream lands before the answer, not after the
+  check) and sends ``("result", value)`` or ``("raised", description)``;
+- ``("stop",)`` ends it, as does its parent's death (``PR_SET_PDEATHSIG``, and the pipe's end).
+
+Its stdout and stderr go to a log file the parent reads when the child dies (``faulthandler`` writes a
+segfault's Python stack there). The parent trusts nothing it sends: see ``isolation``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_parent() -> None:
+    """The kernel kills this process when its parent dies, even while a call hangs (Linux; elsewhere the pipe's end
+    still stops an idle child)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _redirect_output(log_path: str) -> None:
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    os.close(log)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own streams
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    faulthandler.enable(sys.stderr)
+
+
+def _describe(error: BaseException) -> dict[str, Any]:
+    """An exception as plain text: its classes' names (the parent re-raises the nearest built-in one), message and
+    traceback. Never the object itself: unpickling it would import the implementation's module in the parent."""
+    return {"mro": [cls.__name__ for cls in type(error).__mro__ if cls.__module__ == "builtins"],
+            "type": f"{type(error).__module__}.{type(error).__qualname__}", "message": str(error)[:20000],
+            "traceback": "".join(traceback.format_exception(error))[-20000:]}
+
+
+def _apply_ambient(torch, ambient: dict[str, Any]) -> None:
+    """The parent's torch settings that change what a call computes (``checks.poisoned_allocations``)."""
+    torch.utils.deterministic.fill_uninitialized_memory = ambient["fill_uninitialized_memory"]
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is not None:
+        setter(ambient["deterministic"], warn_only=ambient["warn_only"])
+
+
+def _storage_copy(tensor, copies: dict, share: bool):
+    """``tensor`` as the same view of a copy of its whole storage (one copy per storage, so inputs that share a
+    storage share the copy too); in shared memory with ``share``."""
+    import torch
+
+    storage = tensor.untyped_storage()
+    key = storage.data_ptr()
+    if key not in copies:
+        copy = storage.clone()
+        copies[key] = (storage, copy.share_memory_() if share else copy)
+    view = torch.empty((0,), dtype=tensor.dtype, device=tensor.device)
+    return view.set_(copies[key][1], tensor.storage_offset(), tensor.size(), tensor.stride())
+
+
+def copied(value: Any, copies: dict, device_type: str) -> Any:
+    """``value`` (an argument, or a tuple, list or dict of them) with each tensor on ``device_type`` replaced by the
+    same view of a copy of its storage (``copies`` maps each storage to its copy, for ``copy_back``). The parent
+    sends CPU inputs so, in shared memory; a sanitized CUDA child makes its own, each an allocation of its own."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.device.type == device_type and value.layout == torch.strided:
+        return _storage_copy(value, copies, share=device_type == "cpu")
+    if isinstance(value, (tuple, list)):
+        return type(value)(copied(item, copies, device_type) for item in value)
+    if isinstance(value, dict):
+        return {key: copied(item, copies, device_type) for key, item in value.items()}
+    return value
+
+
+def copy_back(copies: dict) -> None:
+    """The writes into the copies, made in the originals: the call's effect on its inputs, as it would be in-process."""
+    import torch
+
+    for original, copy in copies.values():
+        mine, theirs = (torch.empty((0,), dtype=torch.uint8, device=s.device).set_(s) for s in (original, copy))
+        if not torch.equal(mine, theirs):
+            mine.copy_(theirs)
+
+
+def main(connection, launch: dict[str, Any]) -> None:
+    """The child's life: load the target (``launch``: spec, root, device, log, sanitize), then answer calls."""
+    _die_with_parent()
+    _redirect_output(launch["log"])
+    sys.argv = [launch.get("argv0", "impl")]
+    import torch  # noqa: F401 - before the target: its reductions decode the tensors the parent sends
+    import torch.multiprocessing  # noqa: F401
+
+    from .target import load_callable, resolve_device
+
+    try:
+        device = resolve_device(launch["device"])
+        function, declared = load_callable(launch["spec"], root=launch["root"])
+        connection.send(("ready", declared))
+    except BaseException as error:  # noqa: BLE001 - told to the parent, which raises a usage error
+        connection.send(("refused", _describe(error)))
+        return
+    _serve(connection, function, device, own_copies=bool(launch.get("sanitize")) and device.type == "cuda")
+
+
+def _bound(function, definition, bindings: dict):
+    """``function.for_definition(definition)``, once per definition (None, or a target without it: ``function``)."""
+    if definition is None or not callable(getattr(function, "for_definition", None)):
+        return function
+    if definition.name not in bindings:
+        bound = function.for_definition(definition)
+        if not callable(bound):
+            raise TypeError(f"for_definition({definition.name}) returned {type(bound).__name__}, not a callable")
+        bindings[definition.name] = bound
+    return bindings[definition.name]
+
+
+def _serve(connection, function, device, own_copies: bool) -> None:
+    """Answer calls until told to stop. ``own_copies`` (a sanitized CUDA child): the call gets copies of its CUDA
+    inputs in allocations of this process, whose bounds the sanitizer knows (an input shared from the parent lies in
+    the parent's cached segment, where a read past it is not out of bounds), with its writes copied back."""
+    import torch
+
+    bindings: dict = {}
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] != "call":
+            return
+        _, definition, args, kwargs, ambient = message
+        copies: dict = {}
+        try:
+            bound = _bound(function, definition, bindings)
+            if args is None:  # only the binding was asked for
+                connection.send(("result", None))
+                continue
+            _apply_ambient(torch, ambient)
+            if own_copies:
+                args, kwargs = copied(args, copies, "cuda"), copied(kwargs, copies, "cuda")
+            value = bound(*args, **kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            copy_back(copies)
+            reply = ("result", value)
+        except Exception as error:  # noqa: BLE001 - the implementation's error is the answer
+            reply = ("raised", _describe(error))
+        del args, kwargs, copies
+        try:
+            connection.send(reply)
+        except Exception as error:  # noqa: BLE001 - a result torch cannot send (a view of an odd storage...)
+            connection.send(("raised", _describe(TypeError(f"the implementation's result could not be sent to "
+                                                            f"the checking process: {error!r}"))))
