@@ -10,6 +10,9 @@
 #   bash benchmarks/gpu_session.sh adapters  # FlashInfer's decode wrapper (compile, smoke, the family) and PyTorch's
 #                                            # four attention backends across the family; the carry
 #                                            # .carry/flashinfer (adapters/flashinfer_package.py) on PYTHONPATH
+#   bash benchmarks/gpu_session.sh verdicts  # isolation (hostile panel, a faulting kernel, the sanitizer, the seed's
+#                                            # huge-pool fault), root causes (a one-defect kernel, peak memory of a
+#                                            # huge-pool shrink), the AccelOpt Solution files
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -122,6 +125,44 @@ adapters)
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   tar czf "$OUT/failures.tgz" failures 2>/dev/null || true
+  ;;
+verdicts)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  rm -rf failures reports
+  step hostile_panel 90 "${PYTEST[@]}" tests/test_isolation.py -n 4 -q
+  step faulting_kernel 50 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu -q --mps=off \
+    --impl=tests/impls/out_of_bounds_kernel.py:run --run-report=reports-faulting
+  step sanitizer_catches 50 "${PYTEST[@]}" properties/test_decode.py -n 0 -q --run-report=none \
+    --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 --max-examples=5
+  step sanitizer_off 20 "${PYTEST[@]}" properties/test_decode.py -n 0 -q --run-report=none \
+    --impl=tests/impls/reads_one_past.py:run --max-examples=50
+  step seed_huge_pool 50 "${PYTEST[@]}" properties/test_huge_pools.py -n 0 -q --hypothesis-profile=gpu \
+    --impl=tests/corpus/seed_original.py:run --run-report=none
+  step one_defect 90 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
+    --impl=tests/impls/nonpositive_scale_nan.py:run --run-report=reports-one-defect
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$OUT/memory.csv" &
+  sampler=$!
+  step huge_pool_shrink_memory 35 "${PYTEST[@]}" properties/test_huge_pools.py -n 0 -q --hypothesis-profile=gpu \
+    --impl=tests/impls/nonpositive_scale_nan.py:run --run-report=none
+  kill "$sampler"
+  echo "peak GPU memory during the huge-pool shrink (MiB): $(sort -n "$OUT/memory.csv" | tail -n 1)" \
+    | tee -a "$OUT/summary.txt"
+  for solution in tests/solutions/gqa_paged_decode_*.json; do
+    name=$(basename "$solution" .json)
+    step "solution_${name:17:10}" 50 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --max-examples=60 \
+      --impl="$solution" --failures-dir="failures-${name:17:10}" --run-report="reports-${name:17:10}"
+  done
+  for report in reports-*/*/report.md; do
+    { echo "#### $report"; sed -n '1,/^| property/p' "$report" | head -n 60
+      grep -E '\| (FAILED|CRASHED|error) \|' "$report" | cut -c1-400; } >>"$OUT/verdicts.md"
+  done
+  for case_file in failures-*/*.pt; do  # each AccelOpt failure's replay, on the GPU it was found on
+    [ -e "$case_file" ] || continue
+    { echo "-- replay $case_file"; timeout 30 python3 -m properties.repro "$case_file" --no-png 2>&1 | head -n 30; } \
+      >>"$OUT/replays.txt"
+  done
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  tar czf "$OUT/failures.tgz" failures failures-* 2>/dev/null || true
   ;;
 profile)
   # Where single properties spend their time in one process (-n 0): a first pass fills the Triton cache, the
