@@ -156,9 +156,8 @@ verdicts)
     { echo "#### $report"; sed -n '1,/^| property/p' "$report" | head -n 60
       grep -E '\| (FAILED|CRASHED|error) \|' "$report" | cut -c1-400; } >>"$OUT/verdicts.md"
   done
-  for case_file in failures-*/*.pt; do  # each AccelOpt failure's replay, on the GPU it was found on
-    [ -e "$case_file" ] || continue
-    { echo "-- replay $case_file"; timeout 30 python3 -m properties.repro "$case_file" --no-png 2>&1 | head -n 30; } \
+  for case_file in $(ls failures-*/*.pt 2>/dev/null | head -n "${REPLAYS:-4}"); do  # replays on the GPU
+    { echo "-- replay $case_file"; timeout 20 python3 -m properties.repro "$case_file" --no-png 2>&1 | head -n 30; } \
       >>"$OUT/replays.txt"
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
