@@ -89,6 +89,25 @@ def _owned(value: Any, received: list) -> Any:
     return value
 
 
+def _call_device(args: tuple | None, kwargs: dict | None) -> torch.device:
+    """The device of a call's first tensor argument (the CPU without one)."""
+    for value in (*(args or ()), *(kwargs or {}).values()):
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with each tensor moved to ``device`` (tuples, lists and dicts followed)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_device(item, device) for item in value)
+    if isinstance(value, dict):
+        return {key: _to_device(item, device) for key, item in value.items()}
+    return value
+
+
 _SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -258,6 +277,8 @@ class Child:
         self._check_sanitizer()
         if kind == "result":
             return _owned(value, received)
+        if kind == "result_on_host":  # a sanitized child's: back to the device of the call
+            return _owned(_to_device(value, _call_device(args, kwargs)), received)
         if kind == "raised" and isinstance(value, dict):
             if _is_sticky(value):
                 self.stop()

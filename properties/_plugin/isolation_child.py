@@ -132,6 +132,19 @@ def _bound(function, definition, bindings: dict):
     return bindings[definition.name]
 
 
+def _on_host(value):
+    """``value`` with each CUDA tensor copied to host memory (tuples, lists and dicts followed)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_on_host(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _on_host(item) for key, item in value.items()}
+    return value
+
+
 def _serve(connection, function, device, own_copies: bool) -> None:
     """Answer calls until told to stop. ``own_copies`` (a sanitized CUDA child): the call gets copies of its CUDA
     inputs in allocations of this process, whose bounds the sanitizer knows (an input shared from the parent lies in
@@ -160,7 +173,9 @@ def _serve(connection, function, device, own_copies: bool) -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             copy_back(copies)
-            reply = ("result", value)
+            # A sanitized child allocates without torch's cache, and CUDA IPC cannot share such memory (seen on an
+            # H200: "invalid device pointer"): its results go back through host memory.
+            reply = ("result_on_host", _on_host(value)) if own_copies else ("result", value)
         except Exception as error:  # noqa: BLE001 - the implementation's error is the answer
             reply = ("raised", _describe(error))
         del args, kwargs, copies
