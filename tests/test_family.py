@@ -35,7 +35,7 @@ def test_a_definition_file_with_other_constants_runs(tmp_path, impl):
 
 
 def test_an_implementation_that_serves_one_definition_cannot_run_several(tmp_path):
-    result = _suite(tmp_path, "properties/test_decode.py", "--impl=tests/impls/panel_torch_padded.py:run",
+    result = _suite(tmp_path, "properties/test_decode.py", "--impl=tests/impls/nonpositive_scale_nan.py:run",
                     "--definition=all")
     assert result.returncode == 4, result.stdout + result.stderr  # a usage error, before any test
     assert "declares no for_definition" in result.stdout + result.stderr

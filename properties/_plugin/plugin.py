@@ -328,7 +328,12 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         device = confirm_device(option.device, plan.device) if plan.controller else resolve_device(plan.device)
         target = _load_target(config, plan, device, chosen[0] if chosen else None)
         chosen = chosen or (target.definition or definitions.SEED,)
-        _check_serves(target, chosen)
+        try:
+            _check_serves(target, chosen)
+        except ImplSpecError:
+            if callable(getattr(target.function, "close", None)):  # an isolated child: stopped, or exit waits on it
+                target.function.close()
+            raise
     except (DeviceError, ImplSpecError, definitions.DefinitionError) as error:
         where = "xdist worker on the run's device: " if plan.worker else ""
         raise pytest.UsageError(f"{where}{error}") from None
