@@ -13,6 +13,9 @@
 #   bash benchmarks/gpu_session.sh verdicts  # isolation (hostile panel, a faulting kernel, the sanitizer, the seed's
 #                                            # huge-pool fault), root causes (a one-defect kernel, peak memory of a
 #                                            # huge-pool shrink), the AccelOpt Solution files
+#   bash benchmarks/gpu_session.sh isolation # the sanitizer on the planted one-past reader, a faulting kernel under the
+#                                            # run's own MPS server (children outside it), tests/test_isolation.py,
+#                                            # examples/s with isolation off and on
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -125,6 +128,31 @@ adapters)
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   tar czf "$OUT/failures.tgz" failures 2>/dev/null || true
+  ;;
+isolation)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  rm -rf failures reports
+  step sanitizer_catches 90 "${PYTEST[@]}" properties/test_decode.py -n 0 -q --run-report=none \
+    --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 --max-examples=5
+  grep -m 3 -E "Invalid __global__|bytes after|SanitizerError" "$OUT/sanitizer_catches.log" >>"$OUT/summary.txt"
+  step sanitizer_off 30 "${PYTEST[@]}" properties/test_decode.py -n 0 -q --run-report=none \
+    --impl=tests/impls/reads_one_past.py:run --max-examples=50
+  step faulting_kernel_mps 120 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu -q \
+    --impl=tests/impls/out_of_bounds_kernel.py:run --run-report=reports-faulting
+  echo "worker restarts: $(grep -c -E 'node down|replacing crashed worker' "$OUT/faulting_kernel_mps.log")" \
+    | tee -a "$OUT/summary.txt"
+  grep -E "MPS|distinct failure" "$OUT/faulting_kernel_mps.log" | head -n 5 >>"$OUT/summary.txt"
+  for report in reports-faulting/*/report.md; do
+    { echo "#### $report"; head -n 80 "$report" | cut -c1-400; } >>"$OUT/verdicts.md"
+  done
+  for case_file in $(ls failures/*.pt 2>/dev/null | head -n 2); do
+    { echo "-- replay $case_file"; timeout 30 python3 -m properties.repro "$case_file" --no-png 2>&1 | tail -n 15; } \
+      >>"$OUT/replays.txt"
+  done
+  step test_isolation 200 "${PYTEST[@]}" tests/test_isolation.py -n 8 -q
+  step throughput_isolation 200 python3 benchmarks/throughput.py isolation --device cuda --workers auto \
+    --isolation off,on --repeat 1 --max-examples 15
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 verdicts)
   nvidia-smi -L | tee "$OUT/summary.txt"

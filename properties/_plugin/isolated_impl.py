@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import torch
 import torch.multiprocessing
 
-from . import isolation_child
+from . import gpus, isolation_child
 from .isolation import (
     BASE_TIMEOUT_S,
     CALL_TIMEOUT_ENV,
@@ -149,6 +149,22 @@ def _reraised(description: dict) -> BaseException:
     return error
 
 
+def _outside_mps(launch: Launch, directory: Path) -> dict[str, str]:
+    """The environment that starts a CUDA child outside the run's MPS server, where the GPUs allow processes beside
+    one: under MPS one process's fault reaches every process on its GPU, its parent's checker among them (seen on
+    the H200). Time-sliced, the child's fault is its own, an ordinary failure of its call. Empty elsewhere."""
+    if launch.device == "cpu" or gpus.mps_control_pipe() is None or not _shared_compute_mode():
+        return {}
+    outside = directory / "outside-mps"  # no control pipe in it: the driver gives the child a context of its own
+    outside.mkdir()
+    return {gpus.MPS_PIPE_ENV: str(outside)}
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_compute_mode() -> bool:
+    return gpus.shared_compute_mode()
+
+
 # ---- starting a child without telling it it is under test ---------------------------------------
 
 
@@ -236,6 +252,7 @@ class Child:
         self.log = self.directory / "child.log"
         executable, self.sanitizer_log = None, None
         extra_env = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"} if launch.sanitize else {}
+        extra_env.update(_outside_mps(launch, self.directory))
         if launch.sanitize:
             executable, self.sanitizer_log = _sanitizer_wrapper(launch.sanitize, self.directory)
         context = torch.multiprocessing.get_context("spawn")

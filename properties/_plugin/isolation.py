@@ -21,7 +21,9 @@ answers. The parent trusts nothing from it:
 A child that dies (segfault, ``os._exit``, a sticky CUDA error, which leaves its context unusable) fails the
 call with ``ImplementationCrashed``; one that does not answer within the call's deadline (``call_deadline``)
 is killed and fails it with ``ImplementationHung``. Both are ordinary exceptions: Hypothesis shrinks them like
-a wrong answer and the case file records them; the next call starts a fresh child.
+a wrong answer and the case file records them; the next call starts a fresh child. Under the run's MPS server a
+CUDA child starts outside it where the GPU allows (``isolated_impl._outside_mps``): inside, its fault would reach
+its parent and every other worker on the GPU.
 
 ``--sanitize=TOOL`` runs a share of the examples (``SanitizerShare``) in a second child started under NVIDIA's
 ``compute-sanitizer --tool TOOL`` with torch's caching allocator off (inside a cached segment a read past a

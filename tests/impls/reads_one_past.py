@@ -1,6 +1,8 @@
 """A planted out-of-bounds reader whose every value is right: before computing (with this project's kernel), a
 small Triton kernel reads ``kv_indptr`` one element past its end (the mask ``offs <= n`` where ``offs < n`` was
-meant) and discards what it read.
+meant) and stores the sum of what it read in a scratch buffer nobody reads. The sum keeps the read alive: a
+first version multiplied the values by 0, the compiler folded the integer product and dropped the load, and
+memcheck on the H200 had nothing to see.
 
 No value check can see it: the element read is never used. compute-sanitizer's memcheck can, where the buffer is
 an allocation of its own (torch's caching allocator off, ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, and the input a
@@ -19,8 +21,7 @@ from kernel import run as correct
 def _peek_one_past(indptr, scratch, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     values = tl.load(indptr + offs, mask=offs <= n, other=0)  # the planted bug: <= reads indptr[n]
-    kept = tl.where(offs < n, values, 0)
-    tl.store(scratch, tl.sum(kept * 0, axis=0))  # discarded: every result stays right
+    tl.store(scratch, tl.sum(values, axis=0))  # a scratch value nobody reads: every result stays right
 
 
 def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
