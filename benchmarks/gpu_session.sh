@@ -132,6 +132,7 @@ adapters)
 isolation)
   nvidia-smi -L | tee "$OUT/summary.txt"
   rm -rf failures reports
+  step dead_load 60 python3 benchmarks/dead_load_probe.py
   step sanitizer_catches 90 "${PYTEST[@]}" properties/test_decode.py -n 0 -q --run-report=none \
     --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 --max-examples=5
   grep -m 3 -E "Invalid __global__|bytes after|SanitizerError" "$OUT/sanitizer_catches.log" >>"$OUT/summary.txt"
