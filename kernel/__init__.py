@@ -1,6 +1,6 @@
 """The kernel under test: ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)``, the seed
 definition's, and ``for_definition(definition)``, the kernel of any definition of the GQA paged-decode
-family (also ``run.for_definition``).
+family (also ``run.for_definition``); ``validate``, ``run``'s input checks alone.
 
 Runs on CUDA tensors natively, and on CPU tensors in Triton's interpreter when
 ``TRITON_INTERPRET=1`` is set before this package is imported.
@@ -19,7 +19,8 @@ from ._launch import (  # noqa: E402
     PAGE_SIZE,
     for_definition,
     run,
+    validate,
 )
 
 __all__ = ["BLOCK_N", "DEFAULT_SM_SCALE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_QO_HEADS", "PAGE_SIZE", "for_definition",
-           "run"]
+           "run", "validate"]

@@ -210,10 +210,9 @@ def _check_tensors(shape: KernelShape, tensors: dict[str, torch.Tensor]) -> torc
     return _check_devices(tensors)
 
 
-def _decode(shape: KernelShape, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor | None,
-            sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate one call of ``shape``'s contract (``kv_last_page_len`` None exactly when not paged), then launch."""
+def _validated(shape: KernelShape, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor | None, sm_scale):
+    """One call of ``shape``'s contract checked: its device, scale and contiguous index tensors."""
     tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "kv_indptr": kv_indptr, "kv_indices": kv_indices}
     if shape.paged:
         tensors["kv_last_page_len"] = kv_last_page_len
@@ -223,7 +222,22 @@ def _decode(shape: KernelShape, q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if shape.paged:
         kv_last_page_len = kv_last_page_len.contiguous()
     _check_indices(kv_indptr, kv_indices, k_cache.shape[0], kv_last_page_len, shape.page_size)
+    return device, scale, kv_indptr, kv_indices, kv_last_page_len
 
+
+def validate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch.Tensor,
+             kv_indices: torch.Tensor, sm_scale: float | None = None) -> None:
+    """Check a call of ``run`` as ``run`` does, launching nothing: raises its TypeError or ValueError naming the
+    argument. For implementations that want the seed kernel's input contract without its kernel."""
+    _validated(SEED_SHAPE, q, k_cache, v_cache, kv_indptr, kv_indices, None, sm_scale)
+
+
+def _decode(shape: KernelShape, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor | None,
+            sm_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate one call of ``shape``'s contract (``kv_last_page_len`` None exactly when not paged), then launch."""
+    device, scale, kv_indptr, kv_indices, kv_last_page_len = _validated(
+        shape, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
     batch = q.shape[0]
     output = torch.empty((batch, shape.num_qo_heads, shape.head_dim), dtype=torch.bfloat16, device=device)
     lse = torch.empty((batch, shape.num_qo_heads), dtype=torch.float32, device=device)

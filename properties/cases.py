@@ -607,6 +607,48 @@ def remove_build_observer(observer: BuildObserver) -> None:
         _build_observers.remove(observer)
 
 
+ClaimObserver = Callable[[DecodeCase, dict], None]
+_claim_observers: list[ClaimObserver] = []
+
+
+def add_claim_observer(observer: ClaimObserver) -> None:
+    """Call ``observer(case, draws)`` at the start of every claim (``claims``; the plugin's case recorder)."""
+    if observer not in _claim_observers:
+        _claim_observers.append(observer)
+
+
+def remove_claim_observer(observer: ClaimObserver) -> None:
+    """Stop calling ``observer`` (the plugin, at the end of its run)."""
+    if observer in _claim_observers:
+        _claim_observers.remove(observer)
+
+
+def note_claim(case: DecodeCase, draws: dict) -> None:
+    """A claim starts on ``case`` with the test's other ``draws``: tell the claim observers (not inside
+    ``unobserved``)."""
+    for observer in list(_claim_observers) if observing() else ():
+        observer(case, draws)
+
+
+_silenced = 0  # unobserved() blocks open
+
+
+@contextlib.contextmanager
+def unobserved() -> Iterator[None]:
+    """Builds and claims inside tell no observer: the root-cause probes are not examples of the run."""
+    global _silenced
+    _silenced += 1
+    try:
+        yield
+    finally:
+        _silenced -= 1
+
+
+def observing() -> bool:
+    """Whether builds and claims tell their observers now (not inside ``unobserved``)."""
+    return _silenced == 0
+
+
 class SuiteOutOfMemory(BaseException):  # noqa: N818 - reads as what happened
     """The builder could not allocate a case's inputs: a limit of the machine, not a defect of the kernel.
 
@@ -640,7 +682,7 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
         if not (_out_of_memory(error) or isinstance(error, MemoryError)):
             raise
         raise SuiteOutOfMemory(f"the suite could not allocate the inputs of {case} on {device}: {error}") from error
-    for observer in _build_observers if observe else ():
+    for observer in _build_observers if observe and observing() else ():
         observer(case, inputs)
     return inputs
 

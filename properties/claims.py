@@ -1,28 +1,37 @@
-"""Each property's claim on one case: what the run's root-cause probes replay (``_plugin/causes.py``).
+"""Each property's claim: the body of its test, as a function of a case and the test's other draws.
 
-A property draws more than a descriptor (a relabelling seed, a second case, a poisoned
-page); its claim here fixes those extra draws to one plain choice, so that a
-``DecodeCase`` alone decides whether the claim holds. ``claim_for(name)`` returns the
-claim of a property's test function (its name, without parameters); a property not
-listed claims what nearly every one does, that the call's result is within the
-oracle's bound.
+A property's test draws its arguments and calls its claim here; the run's root-cause probes
+(``_plugin/causes.py``) call the same claim on other cases, so a probe asks exactly what the
+property asked. A claim is called ``claim(impl, case, device, contract, **draws)``: ``case`` is
+the ``DecodeCase`` the claim is about, ``draws`` the test's other draws (a relabelling seed, a
+second case, a corruption), each with a plain default for probes of another property's case.
+Each call tells the claim observers (``cases.add_claim_observer``: the plugin's case recorder) its
+case and draws, so a case file names both; ``cases.unobserved()`` (the probes) silences them.
 
-A claim raises (``AssertionError`` from the checks, or whatever the implementation
-raised) when it does not hold, and returns None when it does. It builds without
-notifying the build observers: a probe is not an example of the run.
+A claim raises (``AssertionError`` from the checks, or whatever the implementation raised) when
+it does not hold, ``hypothesis.errors.UnsatisfiedAssumption`` when it does not apply to its case
+(a probe: undecided), and returns None (``within_bound``: the check's result) when it holds.
+``claim_for(name)`` gives the claim of a test function (its name or node id); a test not listed
+claims what nearly every one does, that the call's result is within the oracle's bound.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
+from hypothesis import assume, note
+from hypothesis.control import currently_in_test_context
+from hypothesis.errors import UnsatisfiedAssumption
 
 from ._plugin.destinations import DestinationError
-from .cases import POOL_FILLS, DecodeCase, DecodeInputs, build
+from .cases import POOL_FILLS, DecodeCase, build, note_claim
 from .checks import (
+    Checked,
     assert_equivalent,
     assert_result_metadata,
     assert_same_result,
@@ -33,6 +42,7 @@ from .checks import (
     run_and_check,
     snapshot,
 )
+from .corruptions import CORRUPTIONS, assert_handled
 from .transforms import (
     copy_queries_within_groups,
     poison_page,
@@ -43,20 +53,45 @@ from .transforms import (
     single_sequence,
 )
 
-Claim = Callable[[Callable, DecodeCase, torch.device, str], None]  # (impl, case, device, contract)
+Claim = Callable[..., Any]  # (impl, case, device, contract, **draws)
 
-__all__ = ["Claim", "assert_empty_sequences_exact", "claim_for", "within_bound"]
+__all__ = ["Claim", "assert_empty_sequences_exact", "claim_for", "decided_by_draws", "within_bound"]
 
 LAYOUT_ARGUMENTS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")
 
 
-def _built(case: DecodeCase, device: torch.device) -> DecodeInputs:
-    return build(case, device, observe=False)
+def _claim(function: Callable) -> Claim:
+    """A claim: ``function`` with its case and draws told to the claim observers first."""
+
+    @functools.wraps(function)
+    def noted(impl, case, device, contract="correct", **draws):
+        note_claim(case, draws)
+        return function(impl, case, device, contract, **draws)
+
+    return noted
 
 
-def within_bound(impl: Callable, case: DecodeCase, device: torch.device, contract: str) -> None:
+def _note(text: str) -> None:
+    """Hypothesis's ``note`` inside a test; nothing in a probe."""
+    if currently_in_test_context():
+        note(text)
+
+
+def _applies(condition: bool) -> None:
+    """Hypothesis's ``assume`` inside a test; elsewhere (a probe, a parametrized test) the same exception."""
+    if currently_in_test_context():
+        assume(condition)
+    elif not condition:
+        raise UnsatisfiedAssumption("the claim does not apply to this case")
+
+
+# ---- against the oracle -----------------------------------------------------------------------
+
+
+@_claim
+def within_bound(impl, case, device, contract) -> Checked:
     """The call's output and LSE are within the oracle's bound (empty sequences exactly 0 and -inf)."""
-    run_and_check(impl, _built(case, device), f"case {case}")
+    return run_and_check(impl, build(case, device), f"case {case}")
 
 
 def assert_empty_sequences_exact(output: torch.Tensor, lse: torch.Tensor | None, lengths: tuple[int, ...]) -> None:
@@ -70,124 +105,204 @@ def assert_empty_sequences_exact(output: torch.Tensor, lse: torch.Tensor | None,
             assert bool((lse[seq] == -math.inf).all()), f"sequence {seq} is empty but its lse is {lse[seq].tolist()}"
 
 
-def _empty_sequences(impl, case, device, contract) -> None:
-    assert_empty_sequences_exact(*impl(*_built(case, device)), case.lengths)
+@_claim
+def empty_sequences_exact(impl, case, device, contract) -> None:
+    """Each empty sequence's output is exactly 0 and its LSE -inf."""
+    assert_empty_sequences_exact(*impl(*build(case, device)), case.lengths)
 
 
-def _alone_and_batched(impl, case, device, contract) -> None:
-    inputs = _built(case, device)
-    reference = run_and_check(impl, inputs, f"case {case}").reference
+@_claim
+def right_answer_or_clear_error(impl, case, device, contract) -> None:
+    """A strided or sliced input gives the right answer or, strict, a TypeError/ValueError naming the input."""
+    inputs = build(case, device)
+    try:
+        result = impl(*inputs)
+    except DestinationError:  # a destination-passing call that wrote outside its destinations refused nothing
+        raise
+    except Exception as error:  # refusing a layout is allowed; strict: TypeError/ValueError naming the input
+        if contract == "strict":
+            assert isinstance(error, (TypeError, ValueError)), f"case {case}: refused with {error!r}"
+            assert any(name in str(error) for name in LAYOUT_ARGUMENTS), f"case {case}: unclear error {error!r}"
+        _note(f"refused: {error!r}")
+        return
+    run_and_check(lambda *_: result, inputs, f"case {case}")
+
+
+@_claim
+def destinations_written(impl, case, device, contract, layout: str = "contiguous") -> None:
+    """A destination-passing call writes its destinations whole (a strided one may be refused) and nothing else."""
+    inputs = build(case, device)
+    context = f"case {case}, {layout} destinations"
+    try:
+        result = impl(*inputs, destinations=layout)
+    except DestinationError:
+        raise
+    except Exception as error:  # a strided destination may be refused, never the plain one
+        if layout == "contiguous":
+            raise
+        if contract == "strict":
+            assert isinstance(error, (TypeError, ValueError)), f"{context}: refused with {error!r}"
+            assert "output" in str(error) or "lse" in str(error), f"{context}: unclear error {error!r}"
+        _note(f"refused: {error!r}")
+        return
+    run_and_check(lambda *_: result, inputs, context)
+
+
+# ---- against another call (metamorphic) ---------------------------------------------------------
+
+
+@_claim
+def alone_and_batched(impl, case, device, contract) -> None:
+    """Each sequence alone is within the bound of the answer the batch is judged against."""
+    inputs = build(case, device)
+    batched_output, batched_lse, reference, _ = run_and_check(impl, inputs, f"case {case}")
     for seq in range(case.batch):
         alone = single_sequence(inputs, seq)
         output, lse = impl(*alone)
         context = f"case {case}, sequence {seq} alone"
         assert_result_metadata(output, lse, alone, context)
+        # The oracle treats each sequence on its own: alone and batched are judged against one answer.
         assert_within_bound(output, lse, reference_rows(reference, slice(seq, seq + 1)), context=context)
+        batched = result_rows(batched_output, batched_lse, slice(seq, seq + 1))
+        if not (torch.equal(output, batched[0]) and (lse is None or torch.equal(lse, batched[1]))):
+            _note(f"sequence {seq}: alone and batched differ in the last bits (allowed; both within bound)")
 
 
-def _relabelled(impl, case, device, contract) -> None:
-    inputs = _built(case, device)
-    moved = relabel_pages(inputs, 8, torch.Generator().manual_seed(0))
-    assert_equivalent(impl, contract, moved, impl(*inputs), f"case {case}, pages relabelled into a pool +8")
+@_claim
+def relabelled(impl, case, device, contract, extra_pages: int = 8, relabel_seed: int = 0) -> None:
+    """Pages moved to other slots of a larger pool give the same answer."""
+    inputs = build(case, device)
+    moved = relabel_pages(inputs, extra_pages, torch.Generator().manual_seed(relabel_seed))
+    assert_equivalent(impl, contract, moved, impl(*inputs), f"case {case}, pages relabelled into a pool +{extra_pages}")
 
 
-def _repeated(impl, case, device, contract) -> None:
-    inputs = _built(case, device)
+@_claim
+def repeated(impl, case, device, contract, other: DecodeCase = DecodeCase(lengths=(3,), seed=1)) -> None:  # noqa: B008
+    """A call repeated after a different one gives the same answer: no state carries over."""
+    inputs = build(case, device)
     first = impl(*inputs)
-    impl(*_built(DecodeCase(lengths=(3,), seed=1), device))
-    assert_equivalent(impl, contract, inputs, first, f"case {case}, second call")
+    impl(*build(other, device))
+    assert_equivalent(impl, contract, inputs, first, f"case {case}, second call (after {other})")
 
 
-def _inputs_unchanged(impl, case, device, contract) -> None:
-    inputs = _built(case, device)
+@_claim
+def inputs_unchanged(impl, case, device, contract) -> None:
+    """The call leaves every input storage as it was, padding and gaps included."""
+    inputs = build(case, device)
     before = snapshot(inputs)
     impl(*inputs)
     assert_unchanged(inputs, before, f"case {case}")
 
 
-def _every_output_written(impl, case, device, contract) -> None:
-    inputs = _built(case, device)
+@_claim
+def every_output_written(impl, case, device, contract) -> None:
+    """Memory the implementation allocates but never writes stays NaN: the result must still be within bound."""
+    inputs = build(case, device)
+    # A destination-passing implementation's destinations are poisoned and checked by its adapter
+    # (_plugin/destinations.py), here and in every other property.
     with poisoned_allocations():
         output, lse = impl(*inputs)
     run_and_check(lambda *_: (output, lse), inputs, f"case {case}, fresh allocations filled with NaN")
 
 
-def _equal_heads(impl, case, device, contract) -> None:
-    inputs = _built(case, device)
-    q, pairs = copy_queries_within_groups(inputs.q, torch.Generator().manual_seed(0))
+@_claim
+def equal_heads(impl, case, device, contract, copy_seed: int = 0) -> None:
+    """Query heads of one KV group given the same query give identical results."""
+    inputs = build(case, device)
+    q, pairs = copy_queries_within_groups(inputs.q, inputs.k_cache.shape[2], torch.Generator().manual_seed(copy_seed))
     output, lse = impl(*inputs._replace(q=q))
     for head, source in pairs:
         rows = [(output[:, h:h + 1], None if lse is None else lse[:, h:h + 1]) for h in (head, source)]
-        assert_same_result(*rows, f"case {case}: head {head} has the query of head {source}")
+        assert_same_result(*rows, f"case {case}: head {head} has the query of head {source} (same KV head), so the "
+                                  "same result")
 
 
-def _junk_elsewhere(impl, case, device, contract) -> None:
-    other_fill = POOL_FILLS[(POOL_FILLS.index(case.pool_fill) + 1) % len(POOL_FILLS)]
-    baseline = impl(*_built(case, device))
-    assert_equivalent(impl, contract, _built(replace(case, pool_fill=other_fill), device), baseline,
-                      f"case {case}; unreferenced pages filled with {other_fill}")
+def _next_fill(fill: str) -> str:
+    return POOL_FILLS[(POOL_FILLS.index(fill) + 1) % len(POOL_FILLS)]
 
 
-def _poison_stays_put(impl, case, device, contract) -> None:
-    inputs = _built(case, device)
+@_claim
+def junk_elsewhere(impl, case, device, contract, other_fill: str | None = None) -> None:
+    """Other junk in the pages no sequence references gives the same answer."""
+    other_fill = other_fill or _next_fill(case.pool_fill)
+    assert_equivalent(impl, contract, build(replace(case, pool_fill=other_fill), device), impl(*build(case, device)),
+                      f"case {case}; unreferenced pages filled with {other_fill} instead of {case.pool_fill}")
+
+
+@_claim
+def junk_in_last_pages(impl, case, device, contract, other_fill: str | None = None) -> None:
+    """Other junk in the unused slots of last pages gives the same (right) answer."""
+    page_size = case.shape.page_size
+    _applies(any(n % page_size for n in case.lengths))  # some last page is not full
+    other_fill = other_fill or _next_fill(case.pool_fill)
+    inputs = build(case, device)
+    baseline = run_and_check(impl, inputs, f"case {case}")[:2]
+    assert_equivalent(impl, contract, build(replace(case, pool_fill=other_fill), device), baseline,
+                      f"case {case}; unused slots of last pages (and unreferenced pages) hold {other_fill}, not "
+                      f"{case.pool_fill}")
+
+
+@_claim
+def poison_stays_put(impl, case, device, contract, page_rank: int = 0, tensor: str = "k_cache",
+                     value: float = math.nan) -> None:
+    """A non-finite value in one referenced page reaches no sequence that does not read that page."""
+    inputs = build(case, device)
     referenced = sorted(set(inputs.kv_indices.tolist()))
-    if not referenced:
-        return
-    page = referenced[0]
-    output, lse = impl(*poison_page(inputs, page, "k_cache", math.nan))
+    _applies(bool(referenced))  # some sequence must read a page
+    page = referenced[page_rank % len(referenced)]
+    output, lse = impl(*poison_page(inputs, page, tensor, value))
     reference = attend(*inputs)
-    for seq in set(range(case.batch)) - sequences_reading(inputs, page):
+    readers = sequences_reading(inputs, page)
+    _note(f"sequences reading page {page}: {sorted(readers)}")
+    for seq in set(range(case.batch)) - readers:
         assert_within_bound(*result_rows(output, lse, slice(seq, seq + 1)),
                             reference_rows(reference, slice(seq, seq + 1)),
-                            context=f"case {case}; k_cache[{page}] = nan reached sequence {seq}")
+                            context=f"case {case}; {tensor}[{page}] = {value} reached sequence {seq}, which does "
+                                    "not read it")
 
 
-def _right_answer_or_clear_error(impl, case, device, contract) -> None:
-    inputs = _built(case, device)
-    try:
-        result = impl(*inputs)
-    except DestinationError:  # a destination-passing call that wrote outside its destinations refused nothing
-        raise
-    except Exception as error:  # a refusal is allowed; strict: TypeError/ValueError naming the input
-        if contract == "strict":
-            assert isinstance(error, (TypeError, ValueError)), f"case {case}: refused with {error!r}"
-            assert any(name in str(error) for name in LAYOUT_ARGUMENTS), f"case {case}: unclear error {error!r}"
-        return
-    run_and_check(lambda *_: result, inputs, f"case {case}")
+# ---- bad input ----------------------------------------------------------------------------------
 
 
-def _bad_input_refused(impl, case, device, contract) -> None:
-    """One corruption of the bad-input table that reads no memory out of bounds when accepted (q in float16, a
-    dtype the contract forbids) must be refused; the valid call after it must be within the bound."""
-    inputs = _built(case, device)
-    try:
-        impl(*inputs._replace(q=inputs.q.to(torch.float16)))
-    except DestinationError:
-        raise
-    except Exception:  # noqa: BLE001 - any refusal will do here (strict's wording is the property's own check)
-        pass
-    else:
-        raise AssertionError(f"case {case}: q in float16 was accepted, not refused")
-    run_and_check(impl, inputs, f"case {case}, the valid call after a refused one")
+@_claim
+def bad_input_handled(impl, case, device, contract, corruption: str = "q_float16", where: int = 0,
+                      then_valid: bool = True) -> None:
+    """The call broken by ``corruption`` is refused as the tier demands; with ``then_valid``, the valid call made
+    after it is within the bound (an out-of-range read on a GPU would have poisoned the context)."""
+    inputs = build(case, device)
+    _applies(CORRUPTIONS[corruption].applies(inputs))
+    assert_handled(impl, contract, inputs, corruption, where, f"case {case}")
+    if then_valid:
+        run_and_check(impl, inputs, f"case {case}: the valid call after {corruption}")
 
 
 _CLAIMS: dict[str, Claim] = {
-    "test_bad_input_is_refused_and_the_next_call_works": _bad_input_refused,
-    "test_empty_sequences_give_zero_output_and_negative_infinite_lse": _empty_sequences,
-    "test_a_sequence_gets_the_same_answer_alone_as_in_a_batch": _alone_and_batched,
-    "test_moving_pages_to_other_slots_changes_nothing": _relabelled,
-    "test_repeating_a_call_gives_the_same_answer": _repeated,
-    "test_inputs_are_left_unchanged": _inputs_unchanged,
-    "test_every_output_element_is_written": _every_output_written,
-    "test_heads_sharing_a_kv_head_and_a_query_give_equal_results": _equal_heads,
-    "test_junk_in_unreferenced_pages_changes_nothing": _junk_elsewhere,
-    "test_junk_in_unused_slots_of_last_pages_changes_nothing": _junk_elsewhere,  # the fill reaches those slots too
-    "test_nan_in_a_referenced_page_stays_in_the_sequences_reading_it": _poison_stays_put,
-    "test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error": _right_answer_or_clear_error,
+    "test_empty_sequences_give_zero_output_and_negative_infinite_lse": empty_sequences_exact,
+    "test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error": right_answer_or_clear_error,
+    "test_destinations_are_written_whole_and_nothing_beside_them": destinations_written,
+    "test_a_sequence_gets_the_same_answer_alone_as_in_a_batch": alone_and_batched,
+    "test_moving_pages_to_other_slots_changes_nothing": relabelled,
+    "test_repeating_a_call_gives_the_same_answer": repeated,
+    "test_inputs_are_left_unchanged": inputs_unchanged,
+    "test_every_output_element_is_written": every_output_written,
+    "test_heads_sharing_a_kv_head_and_a_query_give_equal_results": equal_heads,
+    "test_junk_in_unreferenced_pages_changes_nothing": junk_elsewhere,
+    "test_junk_in_unused_slots_of_last_pages_changes_nothing": junk_in_last_pages,
+    "test_nan_in_a_referenced_page_stays_in_the_sequences_reading_it": poison_stays_put,
+    "test_bad_input_is_refused_and_the_next_call_works": bad_input_handled,
+    "test_each_corruption_is_handled": bad_input_handled,
 }
+# Claims whose failure its draws decide, not its case (each corruption is a check the implementation makes or
+# lacks): the root causes put one such claim's failures together, one corruption per property.
+_DECIDED_BY_DRAWS = {bad_input_handled}
 
 
 def claim_for(prop: str) -> Claim:
     """The claim of a property, named by its node id or test function name (parameters ignored)."""
     function = prop.rpartition("::")[2].partition("[")[0]
     return _CLAIMS.get(function, within_bound)
+
+
+def decided_by_draws(prop: str) -> bool:
+    """Whether the property's claim fails by its draws rather than its case (``bad_input_handled``)."""
+    return claim_for(prop) in _DECIDED_BY_DRAWS

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given
 
+from . import claims
 from ._plugin.plugin import current_run
-from .cases import build
-from .checks import run_and_check, steer_toward_the_bound
-from .claims import assert_empty_sequences_exact
+from .checks import steer_toward_the_bound
 from .strategies import decode_cases
 
 LIMITS = current_run().limits
@@ -23,12 +22,11 @@ def _with_workloads(test):
 
 @given(case=decode_cases(limits=LIMITS))
 @_with_workloads
-def test_output_and_lse_within_error_bound(impl, device, case):
-    checked = run_and_check(impl, build(case, device), f"case {case}")
-    steer_toward_the_bound(checked.worst_ratio)
+def test_output_and_lse_within_error_bound(impl, device, contract, case):
+    steer_toward_the_bound(claims.within_bound(impl, case, device, contract).worst_ratio)
 
 
 @pytest.mark.empty_sequences
 @given(case=decode_cases(limits=LIMITS, min_empty=1))
-def test_empty_sequences_give_zero_output_and_negative_infinite_lse(impl, device, case):
-    assert_empty_sequences_exact(*impl(*build(case, device)), case.lengths)
+def test_empty_sequences_give_zero_output_and_negative_infinite_lse(impl, device, contract, case):
+    claims.empty_sequences_exact(impl, case, device, contract)

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from . import claims
 from ._plugin.plugin import current_run
-from .cases import DecodeCase, build
-from .checks import run_and_check, share_of_examples
+from .cases import DecodeCase
+from .checks import share_of_examples
 from .strategies import block_edge_lengths, decode_cases
 
 LIMITS = current_run().limits
@@ -21,30 +22,30 @@ LONG_CONTEXT = 128 * 1024
 @given(case=decode_cases(limits=replace(LIMITS, max_batch=0), min_batch=0))
 # The seed launched a grid of 0 programs for batch 0 (an error or a poisoned context on some stacks).
 @example(case=DecodeCase(lengths=()))
-def test_batch_zero_gives_empty_results(impl, device, case):
-    run_and_check(impl, build(case, device), f"case {case}")
+def test_batch_zero_gives_empty_results(impl, device, contract, case):
+    claims.within_bound(impl, case, device, contract)
 
 
 @pytest.mark.empty_sequences
 @share_of_examples(0.25)
 @given(case=decode_cases(limits=LIMITS, lengths=st.just(0)))
 @example(case=DecodeCase(lengths=(0,)))  # a pool of 0 pages
-def test_all_sequences_empty_give_zero_output_and_negative_infinite_lse(impl, device, case):
-    run_and_check(impl, build(case, device), f"case {case}")
+def test_all_sequences_empty_give_zero_output_and_negative_infinite_lse(impl, device, contract, case):
+    claims.within_bound(impl, case, device, contract)
 
 
 @share_of_examples(0.25)
 @given(case=decode_cases(limits=LIMITS, lengths=st.sampled_from([1, 0])))
 # Any CPU run of the seed: it demanded CUDA even for CPU tensors.
 @example(case=DecodeCase(lengths=(1,)))
-def test_single_token_sequences_stay_within_error_bound(impl, device, case):
-    run_and_check(impl, build(case, device), f"case {case}")
+def test_single_token_sequences_stay_within_error_bound(impl, device, contract, case):
+    claims.within_bound(impl, case, device, contract)
 
 
 @share_of_examples(0.5)
 @given(case=decode_cases(limits=LIMITS, lengths=block_edge_lengths(max_len=LIMITS.max_len)))
-def test_lengths_at_block_edges_stay_within_error_bound(impl, device, case):
-    run_and_check(impl, build(case, device), f"case {case}")
+def test_lengths_at_block_edges_stay_within_error_bound(impl, device, contract, case):
+    claims.within_bound(impl, case, device, contract)
 
 
 @pytest.mark.gpu
@@ -55,8 +56,8 @@ def test_lengths_at_block_edges_stay_within_error_bound(impl, device, case):
     position=st.integers(0, 2),
 )
 @example(case=DecodeCase(lengths=(1,), values="peaky"), long_length=LONG_CONTEXT, position=0)
-def test_128k_token_sequences_stay_within_error_bound(impl, device, case, long_length, position):
+def test_128k_token_sequences_stay_within_error_bound(impl, device, contract, case, long_length, position):
     lengths = list(case.lengths)
     lengths.insert(min(position, len(lengths)), long_length)
     case = replace(case, lengths=tuple(lengths))
-    run_and_check(impl, build(case, device), f"case {case}")
+    claims.within_bound(impl, case, device, contract)

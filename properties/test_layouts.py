@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import example, given, note
+from hypothesis import example, given
 
-from ._plugin.destinations import DestinationError
+from . import claims
 from ._plugin.plugin import current_run
-from .cases import INDEX_LAYOUTS, KV_LAYOUTS, Q_LAYOUTS, DecodeCase, build
-from .checks import run_and_check, share_of_examples, shorter
+from .cases import INDEX_LAYOUTS, KV_LAYOUTS, Q_LAYOUTS, DecodeCase
+from .checks import share_of_examples, shorter
 from .strategies import decode_cases
 
 LIMITS = shorter(current_run().limits)
@@ -35,16 +35,4 @@ ARGUMENTS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")
 @example(case=DecodeCase(lengths=(2, 3), q_layout="fused_qkv"))
 @example(case=DecodeCase(lengths=(2, 3), index_layout="int64_strided"))
 def test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error(impl, contract, device, kv_layout, case):
-    case = replace(case, kv_layout=kv_layout)
-    inputs = build(case, device)
-    try:
-        result = impl(*inputs)
-    except DestinationError:  # a destination-passing call that wrote outside its destinations refused nothing
-        raise
-    except Exception as error:  # refusing a layout is allowed; strict: TypeError/ValueError naming the input
-        if contract == "strict":
-            assert isinstance(error, (TypeError, ValueError)), f"case {case}: refused with {error!r}"
-            assert any(name in str(error) for name in ARGUMENTS), f"case {case}: unclear error {error!r}"
-        note(f"refused: {error!r}")
-        return
-    run_and_check(lambda *_: result, inputs, f"case {case}")
+    claims.right_answer_or_clear_error(impl, replace(case, kv_layout=kv_layout), device, contract)

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from .cases import build
-from .checks import run_and_check, steer_toward_the_bound
+from . import claims
+from .checks import steer_toward_the_bound
 from .strategies import SizeLimits, decode_cases
 
 # Where a dropped token (weight ~1/L) still clears the bound with margin, and the
@@ -41,7 +41,6 @@ def long_decode_cases(values: str) -> st.SearchStrategy:
 @pytest.mark.parametrize("values", PRECISION_REGIMES)
 @settings(max_examples=EXAMPLES_PER_REGIME)
 @given(data=st.data())
-def test_long_sequences_within_error_bound(impl, device, values, data):
+def test_long_sequences_within_error_bound(impl, device, contract, values, data):
     case = data.draw(long_decode_cases(values), label="case")
-    checked = run_and_check(impl, build(case, device), f"case {case}")
-    steer_toward_the_bound(checked.worst_ratio)
+    steer_toward_the_bound(claims.within_bound(impl, case, device, contract).worst_ratio)

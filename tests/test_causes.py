@@ -5,6 +5,7 @@ planted one-defect kernel (tests/impls/nonpositive_scale_nan.py) through the sui
 """
 
 import json
+import math
 import os
 
 import pytest
@@ -17,6 +18,7 @@ from properties._plugin.target import in_definition_order
 from properties.cases import DecodeCase, definitions
 from tests.corpus.materialise import seed_on_cpu
 from tests.impls.nonpositive_scale_nan import run as nonpositive_scale_nan
+from tests.impls.torch_float32 import run as torch_float32
 from tests.pytest_runs import clean_environment, run_pytest
 
 DECODE = "properties/test_decode.py::"
@@ -55,7 +57,7 @@ def _failures():
 def _prober(impl, **budget):
     """Probes of ``impl`` (the seed definition's arguments), called as the suite calls it."""
     return Prober(in_definition_order(impl, definitions.SEED), torch.device("cpu"), "correct", claims.claim_for,
-                  budget=Budget(**budget))
+                  claims.decided_by_draws, budget=Budget(**budget))
 
 
 def test_one_defect_seen_by_several_properties_is_one_cause():
@@ -118,22 +120,65 @@ def test_failures_of_run_reads_case_files_and_adds_caseless_failures(tmp_path):
     recorder.note_build(DecodeCase(lengths=(1,), scale=0.0), build(DecodeCase(lengths=(1,), scale=0.0)))
     path = casefiles.save_case(tmp_path, recorder, error="AssertionError: off", impl_spec="x:run",
                                device=torch.device("cpu"), profile="ci", run_id="r")
+    recorder.begin("properties/test_metamorphic.py::test_repeating_a_call_gives_the_same_answer")
+    first, second = DecodeCase(lengths=(2,), scale=0.0), DecodeCase(lengths=(3,))
+    recorder.note_claim(first, {"other": second})
+    recorder.note_build(first, build(first))
+    recorder.note_build(second, build(second))  # built last, but the claim is about the first
+    repeated = casefiles.save_case(tmp_path, recorder, error="AssertionError: off", impl_spec="x:run",
+                                   device=torch.device("cpu"), profile="ci", run_id="r")
     index = casefiles.runs_index(tmp_path, "r")
     failures = causes.failures_of_run(index, [f"{BOUND}[shard2of2]", EMPTIES])
-    assert [(f.prop, f.case_file, f.case) for f in failures] == [
-        (BOUND, str(path), DecodeCase(lengths=(1,), scale=0.0)), (EMPTIES, None, None)]
+    assert [(f.prop, f.case_file, f.case, f.draws) for f in failures] == [
+        (BOUND, str(path), DecodeCase(lengths=(1,), scale=0.0), {}),
+        ("properties/test_metamorphic.py::test_repeating_a_call_gives_the_same_answer", str(repeated), first,
+         {"other": second}),
+        (EMPTIES, None, None, {})]
+
+
+BAD_INPUT_EACH = "properties/test_bad_input.py::test_each_corruption_is_handled"
+
+
+def test_input_validation_missing_is_one_cause_listing_each_corruption():
+    """An implementation that checks no input (torch_float32): the bad-input property's minimal case and two
+    entries of the table (case files of their own since each names its claim's corruption) are one cause, however
+    many corruptions; a case-decided failure beside them stays apart."""
+
+    def checks_nothing(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+        output, lse = torch_float32(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+        return (output * math.nan, lse) if sm_scale is not None and sm_scale <= 0 else (output, lse)
+
+    failures = [
+        Failure(BAD_INPUT, "b.pt", "AssertionError", case=DecodeCase(lengths=(1,)),
+                draws={"corruption": "q_float16", "where": 3}),
+        Failure(f"{BAD_INPUT_EACH}[page_id_negative]", "p.pt", "AssertionError", case=DecodeCase(
+            lengths=(2, 0, 3), spare_pages=1), draws={"corruption": "page_id_negative", "then_valid": False}),
+        Failure(f"{BAD_INPUT_EACH}[kv_indptr_not_monotonic]", "k.pt", "AssertionError", case=DecodeCase(
+            lengths=(2, 0, 3), spare_pages=1), draws={"corruption": "kv_indptr_not_monotonic", "then_valid": False}),
+        Failure(BOUND, "a.pt", "AssertionError", case=DecodeCase(lengths=(1,), scale=0.0)),
+    ]
+    prober = _prober(checks_nothing)
+    found = find_causes(failures, prober)
+    assert [cause.properties for cause in found] == [
+        [BAD_INPUT, f"{BAD_INPUT_EACH}[page_id_negative]", f"{BAD_INPUT_EACH}[kv_indptr_not_monotonic]"], [BOUND]
+    ], prober.tried
+    validation = found[0]
+    assert validation.needs[0].startswith("corruption kv_indptr_not_monotonic, page_id_negative, q_float16"), \
+        validation.needs
+    assert prober.budget.used <= 12, prober.tried
 
 
 def test_a_one_defect_kernel_is_one_cause_in_the_summary_and_the_report(tmp_path):
-    """Under xdist: the controller probes (tests/test_shrink_memory.py sees the summary of a run without xdist)."""
+    """The whole suite, under xdist (the controller probes; tests/test_shrink_memory.py sees the summary of a run
+    without xdist): relational properties (a repeated call, a poisoned page) and the bad-input property, whose
+    valid call after the refused one fails, join the cause too: each probe replays its property's own draws."""
     env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"),
                             GQA_DECODE_REPORT_DIR=str(tmp_path / "reports"), CI="true")
-    result = run_pytest("properties/test_decode.py", f"{SINGLE_TOKEN}", "-n", "2",
-                        "--impl=tests/impls/nonpositive_scale_nan.py:run", env=env)
+    result = run_pytest("properties", "-n", "2", "--impl=tests/impls/nonpositive_scale_nan.py:run", env=env)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
-    assert len(failed) >= 3, output
+    assert len(failed) >= 10, output
     assert "gqa-decode: 1 distinct failure (root causes, grouped by probing)" in result.stdout, output
     assert "1. scale <= 0, any length: " in result.stdout and "replay: python -m properties.repro" in result.stdout
     (report,) = (tmp_path / "reports").glob("*/report.json")
@@ -142,6 +187,9 @@ def test_a_one_defect_kernel_is_one_cause_in_the_summary_and_the_report(tmp_path
     (cause,) = saved["causes"]["causes"]
     assert cause["needs"] == ["scale <= 0"] and len(cause["properties"]) == len(failed)
     assert cause["representative"]["case_file"] and cause["representative"]["replay"]
+    joined = {prop.rpartition("::")[2] for prop in cause["properties"]}
+    assert {"test_repeating_a_call_gives_the_same_answer", "test_bad_input_is_refused_and_the_next_call_works",
+            "test_nan_in_a_referenced_page_stays_in_the_sequences_reading_it"} <= joined, cause["properties"]
     text = report.with_name("report.md").read_text()
     assert text.index("## 1 distinct failure") < text.index("| property | verdict")
 
@@ -168,4 +216,4 @@ def test_the_verbatim_seed_gives_its_distinct_defects_as_distinct_causes(tmp_pat
     assert len(strides["properties"]) >= 4 and all("test_layouts.py" in p for p in strides["properties"])
     assert any(layout in strides["summary"] for layout in ("q_layout dim_outer", "q_layout strided_dim",
                                                             "kv_layout dim_outer")), strides
-    assert bad_input["properties"] == [BAD_INPUT] and bad_input["summary"].startswith("any case"), bad_input
+    assert bad_input["properties"] == [BAD_INPUT] and bad_input["summary"].startswith("corruption "), bad_input

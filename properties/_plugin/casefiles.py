@@ -42,7 +42,7 @@ _TEXT_LIMIT = 20000
 
 __all__ = [
     "FORMAT", "MAX_CASE_FILE_BYTES", "ArtifactBudget", "CaseFileError", "Recorder", "load_case", "replay_command",
-    "restore_call", "runs_index", "save_case", "versions",
+    "claim_from_fields", "restore_call", "runs_index", "save_case", "versions",
 ]
 
 
@@ -98,9 +98,14 @@ class Recorder:
     built: dict[int, tuple[str, weakref.ref]] = field(default_factory=dict)  # id -> (name, the tensor, weakly)
     built_args: list[Any] = field(default_factory=list)  # the built call's arguments, as recorded
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
+    claim: tuple[Any, dict] | None = None  # the case and draws of the claim the example started (``claims``)
 
     def begin(self, nodeid: str) -> None:
         self.nodeid, self.case, self.built, self.built_args, self.calls = nodeid, None, {}, [], []
+        self.claim = None
+
+    def note_claim(self, case: Any, draws: dict) -> None:
+        self.claim = (case, dict(draws))
 
     def note_build(self, case: Any, inputs: Any = None) -> None:
         self.case, self.calls = case, []
@@ -201,6 +206,29 @@ def restore_call(call: dict, device: torch.device | str, case: Any = None) -> tu
     return args, kwargs
 
 
+def _claim_fields(claim: tuple[Any, dict] | None) -> dict | None:
+    """The claim's case and draws in plain data (a drawn ``DecodeCase`` as ``{"DecodeCase": fields}``)."""
+    if claim is None or not dataclasses.is_dataclass(claim[0]):
+        return None
+    case, draws = claim
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {"DecodeCase": dataclasses.asdict(value)}
+        return value if isinstance(value, _PLAIN) else repr(value)
+
+    return {"case_fields": dataclasses.asdict(case), "draws": {name: plain(v) for name, v in draws.items()}}
+
+
+def claim_from_fields(fields: dict | None) -> tuple[Any, dict] | None:
+    """The case and draws of the claim a case file names (``_claim_fields``), or None."""
+    if not fields:
+        return None
+    draws = {name: case_from_fields(value["DecodeCase"]) if isinstance(value, dict) and "DecodeCase" in value
+             else value for name, value in fields.get("draws", {}).items()}
+    return case_from_fields(fields["case_fields"]), draws
+
+
 def case_from_fields(fields: dict | None) -> Any:
     """The ``DecodeCase`` a case file describes (None when the example was built otherwise)."""
     from ..cases import DecodeCase
@@ -283,6 +311,7 @@ def save_case(
         "definition": _definition_of(record.case).to_json(),
         "case_repr": repr(record.case) if record.case is not None else None,
         "case_fields": dataclasses.asdict(record.case) if dataclasses.is_dataclass(record.case) else None,
+        "claim": _claim_fields(record.claim),
         "calls": _packed_calls(record, device_readable),
     }
     path = directory / _file_name(nodeid)

@@ -2,8 +2,9 @@
 
 A kernel wrong in one way fails many properties, each with its own shrunk case. After the
 run (in the process that writes the run report) each failing property's case file gives
-its minimal ``DecodeCase``; the claims of ``properties/claims.py`` are replayed on cases
-("probes"), through the suite's own guarded implementation:
+its minimal ``DecodeCase`` and the test's other draws; the claims of ``properties/claims.py``
+(the properties' own bodies) are replayed on cases ("probes"), through the suite's own
+guarded implementation, each with its property's draws:
 
 1. The simplest failing case not yet explained becomes a representative; its own claim must
    fail on it again (else it stays a cause of its own, "not reproduced by its probe").
@@ -15,10 +16,15 @@ its minimal ``DecodeCase``; the claims of ``properties/claims.py`` are replayed 
 3. Another failing property joins the cause when its own minimal case has what the cause
    needs and either the representative's case breaks its claim, or its own case stops
    failing once the needed fields go to their defaults.
+4. A claim that its draws decide rather than its case (the bad-input claim: each corruption
+   a check the implementation makes or lacks) is one cause when its representative needs
+   nothing of its case: its other failures join it once each fails again on its own case,
+   and the cause lists each corruption.
 
 Every probe counts against one budget (``Budget``: 40 probes, 60 s); what was tried is
-kept and reported. Crashed properties are not probed (a fault would poison this process's
-CUDA context) and properties without a case file cannot be; each is a cause of its own.
+kept and reported; a claim that does not apply to a probe's case leaves it undecided.
+Crashed properties are not probed (a fault would poison this process's CUDA context) and
+properties without a case file cannot be; each is a cause of its own.
 Properties stay separate pytest items: this is a report.
 """
 
@@ -35,7 +41,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .casefiles import CaseFileError, case_from_fields, load_case, replay_command
+from hypothesis.errors import UnsatisfiedAssumption
+
+from .casefiles import CaseFileError, case_from_fields, claim_from_fields, load_case, replay_command
 from .containment import CudaContextLost, is_sticky_cuda_error
 from .shards import property_name
 
@@ -65,7 +73,8 @@ class Failure:
     case_file: str | None = None
     error: str = ""
     crashed: bool = False
-    case: Any = None  # the DecodeCase its case file describes, if any
+    case: Any = None  # the DecodeCase its claim was about (its case file says), if any
+    draws: dict = field(default_factory=dict)  # the test's other draws, as its claim took them
 
     @property
     def prop(self) -> str:
@@ -93,7 +102,8 @@ class Budget:
 class Prober:
     """Replays claims on cases through ``impl`` (the suite's guarded implementation), within ``budget``.
 
-    ``claim_for(prop)`` gives a property's claim (``properties.claims``); ``release`` frees what a probe left
+    ``claim_for(prop)`` gives a property's claim (``properties.claims``), ``decided_by_draws(prop)`` whether its
+    draws decide it rather than its case; ``release`` frees what a probe left
     (the device's cached memory). ``tried`` lists every probe in words.
     """
 
@@ -101,15 +111,16 @@ class Prober:
     device: Any
     contract: str
     claim_for: Callable[[str], Callable]
+    decided_by_draws: Callable[[str], bool] = lambda prop: False  # ``claims.decided_by_draws``
     budget: Budget = field(default_factory=Budget)
     release: Callable[[], None] = lambda: None
     tried: list[str] = field(default_factory=list)
     stopped: str | None = None  # why probing ended early (budget, a lost CUDA context)
 
-    def fails(self, prop: str, case: Any) -> bool | None:
-        """Whether ``prop``'s claim fails on ``case``; None when the probe could not decide (budget spent, the
-        suite out of memory, the context lost)."""
-        from ..cases import SuiteOutOfMemory, using_definition
+    def fails(self, prop: str, case: Any, draws: dict | None = None) -> bool | None:
+        """Whether ``prop``'s claim fails on ``case`` with ``draws``; None when the probe could not decide (budget
+        spent, the claim does not apply to the case, the suite out of memory, the context lost)."""
+        from ..cases import SuiteOutOfMemory, unobserved, using_definition
 
         if self.stopped or not self.budget.left():
             self.stopped = self.stopped or (f"budget spent ({self.budget.used} probes, "
@@ -117,11 +128,13 @@ class Prober:
             return None
         start, verdict = time.perf_counter(), None
         try:
-            with using_definition(case.shape):  # the guarded implementation serves the active definition
-                self.claim_for(prop)(self.impl, case, self.device, self.contract)
+            with using_definition(case.shape), unobserved():  # the implementation serves the active definition
+                self.claim_for(prop)(self.impl, case, self.device, self.contract, **(draws or {}))
             verdict = False
+        except UnsatisfiedAssumption:
+            self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, the claim does not apply")
         except (SuiteOutOfMemory, MemoryError) as error:
-            self.tried.append(f"{_short(prop)} on {short_case(case)}: undecided, {type(error).__name__}")
+            self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, {type(error).__name__}")
         except CudaContextLost as error:
             self.stopped = f"the CUDA context was lost: {str(error).splitlines()[0]}"
         except Exception as error:  # noqa: BLE001 - any failure of the claim is the answer sought
@@ -137,7 +150,7 @@ class Prober:
             with contextlib.suppress(Exception):
                 self.release()
         if verdict is not None:
-            self.tried.append(f"{_short(prop)} on {short_case(case)}: {'fails' if verdict else 'passes'}")
+            self.tried.append(f"{_short(prop)} on {_with(case, draws)}: {'fails' if verdict else 'passes'}")
         return verdict
 
 
@@ -173,7 +186,7 @@ class Cause:
 
 
 def _failure_json(failure: Failure) -> dict:
-    return {"property": failure.prop, "nodeid": failure.nodeid, "case": short_case(failure.case),
+    return {"property": failure.prop, "nodeid": failure.nodeid, "case": _with(failure.case, failure.draws),
             "definition": getattr(failure.case, "definition", None), "case_file": failure.case_file,
             "replay": replay_command(failure.case_file) if failure.case_file else None, "error": failure.error,
             "crashed": failure.crashed}
@@ -196,6 +209,12 @@ def short_case(case: Any) -> str:
         f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
         if f.name not in ("lengths", "definition") and getattr(case, f.name) != f.default]  # definition: said apart
     return f"{type(case).__name__}({', '.join(shown)})"
+
+
+def _with(case: Any, draws: dict | None) -> str:
+    """A probe's case and the draws it took, in words."""
+    shown = ", ".join(f"{name}={value!r}" for name, value in (draws or {}).items())
+    return short_case(case) + (f" with {shown}" if shown else "")
 
 
 def _pool_pages(case: Any) -> int:
@@ -259,7 +278,7 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
         value = getattr(case, name)
         if value == default:
             continue
-        verdict = prober.fails(rep.prop, replace(case, **{name: default}))
+        verdict = prober.fails(rep.prop, replace(case, **{name: default}), rep.draws)
         if verdict is None:
             needed.free.append(f"{name} untested")
             continue
@@ -269,7 +288,7 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
             continue
         _describe_needed(prober, rep, name, value, needed)
     if case.lengths == DEFAULTS["lengths"]:  # one token: does a longer batch fail too?
-        verdict = prober.fails(rep.prop, replace(case, lengths=LONGER))
+        verdict = prober.fails(rep.prop, replace(case, lengths=LONGER), rep.draws)
         if verdict:
             needed.free.append(FREE_WORDS["lengths"])
         elif verdict is False:
@@ -282,7 +301,7 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
     case = rep.case
     if name == "scale":
         words, test, other = _scale_class(value)
-        if other is not None and prober.fails(rep.prop, replace(case, scale=other)) is False:
+        if other is not None and prober.fails(rep.prop, replace(case, scale=other), rep.draws) is False:
             words, test = f"scale {value!r} (scale {other!r} passes)", (lambda s, v=value: s == v)
         needed.words.append(words)
         needed.tests["scale"] = lambda c, t=test: t(c.scale)
@@ -313,10 +332,10 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
     """Why ``other`` belongs to the representative's cause, or None."""
     if not needed.holds_for(other.case):
         return None
-    if prober.fails(other.prop, rep.case):
+    if prober.fails(other.prop, rep.case, other.draws):
         return "the representative's case fails its check too"
-    if needed.tests and prober.fails(other.prop, _toward_defaults(other.case, needed)) is False \
-            and prober.fails(other.prop, other.case):
+    if needed.tests and prober.fails(other.prop, _toward_defaults(other.case, needed), other.draws) is False \
+            and prober.fails(other.prop, other.case, other.draws):
         return f"its own case passes once {', '.join(needed.tests)} go to the default"
     return None
 
@@ -327,18 +346,35 @@ def _simplicity(failure: Failure) -> tuple:
     return (changed, _pool_pages(case), sum(case.lengths), len(case.lengths), failure.prop)
 
 
+def _draw_words(failures: list[Failure]) -> list[str]:
+    """Each draw of these failures' claims, with the values they took: "corruption page_id_negative, q_float16"."""
+    values: dict[str, set[str]] = {}
+    for failure in failures:
+        for name, value in failure.draws.items():
+            if not isinstance(value, bool):  # switches such as then_valid say how, not what
+                values.setdefault(name, set()).add(str(value))
+    return [f"{name} {', '.join(sorted(seen))}" for name, seen in values.items()]
+
+
 def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
     """Group ``failures`` into causes by probing (see the module docstring); the causes in the order found:
     those probed first (simplest representative first), then crashes and failures without a case."""
     causes: list[Cause] = []
+    by_draws: dict[Any, Cause] = {}  # a claim its draws decide -> its cause that needs nothing of the case
     waiting = sorted((f for f in failures if f.probeable), key=_simplicity)
     while waiting:
         rep, rest = waiting[0], waiting[1:]
-        reproduced = prober.fails(rep.prop, rep.case)
+        reproduced = prober.fails(rep.prop, rep.case, rep.draws)
         if not reproduced:
             note = ("its own check passed on its case when probed (the property relates several calls or draws "
                     "beyond the case)" if reproduced is False else f"not probed: {prober.stopped}")
             causes.append(Cause(rep, note=note))
+            waiting = rest
+            continue
+        claim = prober.claim_for(rep.prop)
+        if claim in by_draws:  # the same claim failing with other draws: each a check made or lacking, one cause
+            by_draws[claim].members.append((rep, f"the same claim, decided by its draws, fails on its own case with "
+                                                 f"{'; '.join(_draw_words([rep]))}"))
             waiting = rest
             continue
         needed = _vary(prober, rep)
@@ -351,6 +387,12 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
             else:
                 waiting.append(other)
         causes.append(cause)
+        if not needed.tests and prober.decided_by_draws(rep.prop):
+            by_draws[claim] = cause
+    for cause in by_draws.values():
+        decided = [cause.representative, *(member for member, _ in cause.members)]
+        cause.needs = [f"{words} (the claim's draws decide it: each one refused wrongly or not at all)"
+                       for words in _draw_words(decided)]
     caseless: dict[str, Cause] = {}  # by test function: a parametrized test's variants, none of them probeable
     for failure in failures:
         if failure.crashed:
@@ -382,12 +424,12 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str]) -> list[Failur
         seen.add(prop)
         try:
             payload = load_case(entry["path"])
-            case = case_from_fields(payload.get("case_fields"))
-        except (CaseFileError, TypeError):
-            payload, case = {}, None
+            case, draws = claim_from_fields(payload.get("claim")) or (case_from_fields(payload.get("case_fields")), {})
+        except (CaseFileError, TypeError, KeyError):
+            payload, case, draws = {}, None, {}
         error = entry.get("error") or (payload.get("error") or "").partition("\n")[0]
         failures.append(Failure(entry["nodeid"], entry["path"], error,
-                                crashed=is_sticky_cuda_error(RuntimeError(error)), case=case))
+                                crashed=is_sticky_cuda_error(RuntimeError(error)), case=case, draws=draws))
     for nodeid in failed_nodeids:
         if property_name(nodeid) not in seen:
             seen.add(property_name(nodeid))

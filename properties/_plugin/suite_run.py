@@ -155,6 +155,7 @@ class SuiteRun:
         self.seen_failure: _SeenFailure | None = None  # the running item's last failing example
         self.reported_records: dict[int, casefiles.Recorder] = {}  # id of a reported example's error -> its record
         cases.add_build_observer(self.recorder.note_build)
+        cases.add_claim_observer(self.recorder.note_claim)
         # What each test item builds, how far it got and where its time went.
         synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
         self.counter = run_report.ItemCounter(stages.StageClock(synchronize=synchronize))
@@ -187,6 +188,7 @@ class SuiteRun:
         if self.isolated is not None:
             self.isolated.close()
         cases.remove_build_observer(self.recorder.note_build)
+        cases.remove_claim_observer(self.recorder.note_claim)
         cases.remove_build_observer(self.counter.observe_case)
         stages.uninstall()
 
@@ -313,8 +315,9 @@ class SuiteRun:
         sticky = is_sticky_cuda_error(error)
         if sticky and self.state.worker:
             self.guard.contain(error)  # does not return
-        if not self.recorder.used or not shards.is_hypothesis_test(getattr(item, "obj", None)):
-            return  # case files are for the suite's properties, not for unit tests that build a case
+        obj = getattr(item, "obj", None)
+        if not self.recorder.used or not (shards.is_hypothesis_test(obj) or shards.in_suite(item.path)):
+            return  # case files are for properties and the suite's own tests, not for unit tests that build a case
         path = self._save_case(call.excinfo.exconly(), str(getattr(item, "hypothesis_report_information", "")),
                                device_readable=not sticky, record=self._reported_record(error))
         self.outcomes[item.nodeid] = {"case_file": path, "error": call.excinfo.exconly()}
@@ -436,7 +439,8 @@ class SuiteRun:
         from .. import claims
 
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
-        prober = causes.Prober(self.guarded_impl(), state.device, state.contract, claims.claim_for, release=release)
+        prober = causes.Prober(self.guarded_impl(), state.device, state.contract, claims.claim_for,
+                               claims.decided_by_draws, release=release)
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True
