@@ -23,8 +23,9 @@ guarded implementation, each with its property's draws:
 
 Every probe counts against one budget (``Budget``: 40 probes, 60 s); what was tried is
 kept and reported; a claim that does not apply to a probe's case leaves it undecided.
-Crashed properties are not probed (a fault would poison this process's CUDA context) and
-properties without a case file cannot be; each is a cause of its own.
+Crashed properties are not probed where the implementation runs in-process (a fault would
+poison this process's CUDA context; an isolated child's fault is an ordinary failure, probed)
+and properties without a case file cannot be; each is a cause of its own.
 Properties stay separate pytest items: this is a report.
 """
 
@@ -413,9 +414,10 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
 # ---- the run's failures, and the file -------------------------------------------------------
 
 
-def failures_of_run(index: list[dict], failed_nodeids: list[str]) -> list[Failure]:
+def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool = False) -> list[Failure]:
     """One ``Failure`` per failing property: its case file from the run's index (``casefiles.runs_index``),
-    else the failing node id alone."""
+    else the failing node id alone. ``isolated``: the implementation ran in a child process, whose fault this
+    process outlives, so a failure that lost a CUDA context there is probed like any other."""
     failures, seen = [], set()
     for entry in index:
         prop = property_name(entry["nodeid"])
@@ -429,7 +431,8 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str]) -> list[Failur
             payload, case, draws = {}, None, {}
         error = entry.get("error") or (payload.get("error") or "").partition("\n")[0]
         failures.append(Failure(entry["nodeid"], entry["path"], error,
-                                crashed=is_sticky_cuda_error(RuntimeError(error)), case=case, draws=draws))
+                                crashed=not isolated and is_sticky_cuda_error(RuntimeError(error)), case=case,
+                                draws=draws))
     for nodeid in failed_nodeids:
         if property_name(nodeid) not in seen:
             seen.add(property_name(nodeid))

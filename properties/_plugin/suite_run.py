@@ -433,7 +433,7 @@ class SuiteRun:
         run; None when nothing failed. No probes once the CUDA context is lost."""
         state = self.state
         failures = causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.run_id),
-                                          self.failed_nodeids)
+                                          self.failed_nodeids, isolated=state.isolated)
         if not failures:
             return None
         from .. import claims
