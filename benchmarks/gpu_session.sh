@@ -16,6 +16,9 @@
 #   bash benchmarks/gpu_session.sh isolation # the sanitizer on the planted one-past reader, a faulting kernel under the
 #                                            # run's own MPS server (children outside it), tests/test_isolation.py,
 #                                            # with THROUGHPUT=1 examples/s with isolation off and on
+#   bash benchmarks/gpu_session.sh causes    # the sanitizer on the one-past reader's explicit example, root causes of a
+#                                            # one-defect kernel and of the verbatim seed over the whole suite,
+#                                            # tests/test_isolation.py
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -155,6 +158,28 @@ isolation)
     step throughput_isolation 200 python3 benchmarks/throughput.py isolation --device cuda --workers auto \
       --isolation off,on --repeat 1 --max-examples 15
   fi
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+causes)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  rm -rf failures reports reports-*
+  step sanitizer_catches 150 "${PYTEST[@]}" properties/test_edge_shapes.py -k single_token -n 0 -q \
+    --run-report=none --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 --max-examples=2
+  grep -m 12 -E "Invalid __global__|bytes after|SanitizerError|case file|failed|passed" \
+    "$OUT/sanitizer_catches.log" | cut -c1-300 >>"$OUT/summary.txt"
+  step one_defect 110 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --max-examples=40 \
+    --impl=tests/impls/nonpositive_scale_nan.py:run --run-report=reports-one-defect
+  step seed_suite 120 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --max-examples=30 \
+    --impl=tests/corpus/seed_original.py:run --run-report=reports-seed --failures-dir=failures-seed
+  step test_isolation 140 "${PYTEST[@]}" tests/test_isolation.py -n 12 -q
+  for report in reports-*/*/report.md; do
+    { echo "#### $report"; sed -n '1,/^| property/p' "$report" | head -n 90 | cut -c1-400; } >>"$OUT/verdicts.md"
+  done
+  for saved in reports-*/*/causes.json; do
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1]); [print(" ", c["summary"],
+      "|", len(c["properties"]), "properties |", c["representative"]["case"][:160]) for c in d["causes"]];
+      print("  probes", d["probes"]["used"], d["probes"]["stopped"])' "$saved" >>"$OUT/causes.txt"
+  done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 verdicts)
