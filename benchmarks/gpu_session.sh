@@ -19,6 +19,10 @@
 #   bash benchmarks/gpu_session.sh causes    # the sanitizer on the one-past reader's explicit example, root causes of a
 #                                            # one-defect kernel and of the verbatim seed over the whole suite,
 #                                            # tests/test_isolation.py
+#   bash benchmarks/gpu_session.sh reach     # one sanitized call told whole, the sanitizer on the one-past reader,
+#                                            # tests/test_isolation.py, examples/s with isolation off and on; with
+#                                            # FAMILY=1 also SGLang across the family (the carry .carry/sglang: the
+#                                            # decode kernel's files from the sglang wheel) and cuDNN's root causes
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -179,6 +183,26 @@ causes)
     python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1]); [print(" ", c["summary"],
       "|", len(c["properties"]), "properties |", c["representative"]["case"][:160]) for c in d["causes"]];
       print("  probes", d["probes"]["used"], d["probes"]["stopped"])' "$saved" >>"$OUT/causes.txt"
+  done
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+reach)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  rm -rf failures reports reports-*
+  step sanitizer_probe 80 python3 benchmarks/sanitizer_probe.py tests/impls/reads_one_past.py:run
+  step sanitizer_suite 110 "${PYTEST[@]}" properties/test_edge_shapes.py -k single_token -n 0 -q -x \
+    --run-report=none --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 --max-examples=1
+  step test_isolation 230 "${PYTEST[@]}" tests/test_isolation.py -n 20 -q --durations=8
+  step throughput_isolation 160 python3 benchmarks/throughput.py isolation --device cuda --workers auto \
+    --isolation off,on --repeat 1 --max-examples 10
+  [ -n "${FAMILY:-}" ] || { tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log; exit 0; }
+  PYTHONPATH=.carry/sglang step sglang_family 150 "${PYTEST[@]}" properties -n auto --definition=all \
+    --hypothesis-profile=gpu --max-examples=15 --impl=adapters/sglang_decode.py:run --run-report=reports-sglang
+  step cudnn_causes 120 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --max-examples=25 \
+    --impl=adapters/torch_sdpa.py:cudnn --run-report=reports-cudnn --failures-dir=failures-cudnn
+  for report in reports-*/*/report.md; do
+    { echo "#### $report"; sed -n '1,/^| property/p' "$report" | head -n 70 | cut -c1-400;
+      grep -E '\| (FAILED|CRASHED|error) \|' "$report" | cut -c1-300; } >>"$OUT/verdicts.md"
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;

@@ -43,6 +43,8 @@ from .isolation_child import copied, copy_back
 from .target import ImplSpecError, Target, make_target
 
 START_TIMEOUT_S = 120.0  # spawn, import torch and the target (and a sanitizer's start)
+SANITIZED_SLOWDOWN = 10.0  # a sanitized child's calls may take this many times the deadline: instrumented kernels
+# and a Triton compile under compute-sanitizer run far slower than plain ones
 LOG_TAIL_LINES = 30
 # Environment variables that tell a process it runs under the suite: the child starts without them.
 _TELLING_PREFIXES = ("PYTEST_", "GQA_DECODE_", "HYPOTHESIS", "_PYTEST")
@@ -289,7 +291,8 @@ class Child:
             self.connection.send(message)
         except (BrokenPipeError, ConnectionError, EOFError) as error:
             raise self._died("before the call reached it") from error
-        kind, value = self._receive(call_deadline(args or (), kwargs or {}), "the call")
+        deadline = call_deadline(args or (), kwargs or {}) * (SANITIZED_SLOWDOWN if self.sanitizer_log else 1.0)
+        kind, value = self._receive(deadline, "the call")
         copy_back(copies)
         self._check_sanitizer()
         if kind == "result":
