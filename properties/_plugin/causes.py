@@ -348,13 +348,15 @@ def _simplicity(failure: Failure) -> tuple:
 
 
 def _draw_words(failures: list[Failure]) -> list[str]:
-    """Each draw of these failures' claims, with the values they took: "corruption page_id_negative, q_float16"."""
+    """The draws of these failures' claims with the values they took ("corruption page_id_negative, q_float16"):
+    across several failures only the draws whose value changes (a corruption, not its seed)."""
     values: dict[str, set[str]] = {}
     for failure in failures:
         for name, value in failure.draws.items():
             if not isinstance(value, bool):  # switches such as then_valid say how, not what
                 values.setdefault(name, set()).add(str(value))
-    return [f"{name} {', '.join(sorted(seen))}" for name, seen in values.items()]
+    varying = {name: seen for name, seen in values.items() if len(seen) > 1}
+    return [f"{name} {', '.join(sorted(seen))}" for name, seen in (varying or values).items()]
 
 
 def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
@@ -392,8 +394,8 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
             by_draws[claim] = cause
     for cause in by_draws.values():
         decided = [cause.representative, *(member for member, _ in cause.members)]
-        cause.needs = [f"{words} (the claim's draws decide it: each one refused wrongly or not at all)"
-                       for words in _draw_words(decided)]
+        cause.needs = ["; ".join(_draw_words(decided)) + " (the claim's draws decide it: each one refused wrongly "
+                       "or not at all)"]
     caseless: dict[str, Cause] = {}  # by test function: a parametrized test's variants, none of them probeable
     for failure in failures:
         if failure.crashed:
