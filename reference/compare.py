@@ -66,12 +66,14 @@ class Mismatch:
 
 
 def error_ratio(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Element-wise |actual - expected| and err / bound: NaN counts as infinite error, equal infinities as 0."""
+    """Element-wise |actual - expected| and err / bound: NaN counts as infinite error, equal infinities as 0, and
+    an error against a NaN bound as infinitely over it (a NaN ratio compares false, so it would pass)."""
     actual = actual.double().to(expected.device)
     same_inf = torch.isinf(expected) & (actual == expected)
     # In place, with no scalar operand: on a GPU each torch.where(mask, 0.0, x) also launched a fill for its 0.0.
     err = (actual - expected).abs_().masked_fill_(same_inf, 0.0).nan_to_num_(nan=math.inf, posinf=math.inf)
-    return err, (err / bound).masked_fill_(err == 0, 0.0)  # NaN never passes; no error is no error, whatever the bound
+    ratio = (err / bound).masked_fill_(err == 0, 0.0).nan_to_num_(nan=math.inf, posinf=math.inf)
+    return err, ratio  # NaN never passes; no error is no error, whatever the bound
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:

@@ -48,3 +48,12 @@ def test_several_comparisons_keep_their_own_verdicts():
     assert "shape" in found[2].message and found[3].count == 1
     for single, (name, actual, expected, bound) in zip(found, comparisons):
         assert single == compare(name, actual, expected, bound)
+
+
+def test_an_error_against_a_nan_bound_is_infinitely_over_it():
+    """A NaN bound would make err / bound NaN, and NaN > 1 is false: the error would pass unseen."""
+    from reference.compare import error_ratio
+
+    err, ratio = error_ratio(torch.tensor([1.0, 2.0, 2.0]), torch.tensor([0.0, 2.0, 0.0], dtype=torch.float64),
+                             torch.tensor([math.nan, math.nan, 0.5], dtype=torch.float64))
+    assert ratio.tolist() == [math.inf, 0.0, 4.0] and err.tolist() == [1.0, 0.0, 2.0]
