@@ -105,7 +105,7 @@ def main(connection, launch: dict[str, Any]) -> None:
     _die_with_parent()
     _redirect_output(launch["log"])
     sys.argv = [launch.get("argv0", "impl")]
-    import torch  # noqa: F401 - before the target: its reductions decode the tensors the parent sends
+    import torch  # before the target: its reductions decode the tensors the parent sends
     import torch.multiprocessing  # noqa: F401
 
     from .target import load_callable, resolve_device
@@ -113,6 +113,9 @@ def main(connection, launch: dict[str, Any]) -> None:
     try:
         device = resolve_device(launch["device"])
         function, declared = load_callable(launch["spec"], root=launch["root"])
+        if device.type == "cuda":  # the context now, within the start's deadline, not in the first call's
+            torch.ones(1, device=device).add_(1)
+            torch.cuda.synchronize(device)
         connection.send(("ready", declared))
     except BaseException as error:  # noqa: BLE001 - told to the parent, which raises a usage error
         connection.send(("refused", _describe(error)))
