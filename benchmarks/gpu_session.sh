@@ -23,6 +23,8 @@
 #                                            # tests/test_isolation.py, examples/s with isolation off and on; with
 #                                            # FAMILY=1 also SGLang across the family (the carry .carry/sglang: the
 #                                            # decode kernel's files from the sglang wheel) and cuDNN's root causes
+#   bash benchmarks/gpu_session.sh sanitizer # compute-sanitizer on one call without the suite, one sanitized call
+#                                            # told whole, tests/test_isolation.py's hang test
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -185,6 +187,13 @@ causes)
       print("  probes", d["probes"]["used"], d["probes"]["stopped"])' "$saved" >>"$OUT/causes.txt"
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+sanitizer)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  step sanitizer_direct 120 bash benchmarks/sanitizer_direct.sh
+  cat "$OUT/sanitizer_direct.log" >>"$OUT/summary.txt"
+  step sanitizer_probe 50 python3 benchmarks/sanitizer_probe.py tests/impls/reads_one_past.py:run --lengths 3,130
+  step hang_test 60 "${PYTEST[@]}" tests/test_isolation.py -n 0 -q -k hang
   ;;
 reach)
   nvidia-smi -L | tee "$OUT/summary.txt"

@@ -28,7 +28,7 @@ def _one_call(child: Child, lengths: tuple[int, ...]) -> None:
         output, lse = child.call(None, tuple(inputs.arguments()), {}, [])
         said = f"answered: output {tuple(output.shape)}, lse {tuple(lse.shape)}"
     except Exception as error:  # noqa: BLE001 - the answer sought
-        said = f"{type(error).__name__}: {str(error)[:1500]}"
+        said = f"{type(error).__name__}: {str(error)[:2500]}"
     print(f"-- lengths {lengths}: {time.perf_counter() - start:.1f} s, alive after: {child.alive}\n{said}")
 
 

@@ -10,6 +10,7 @@ import multiprocessing.connection
 import multiprocessing.spawn
 import os
 import pickle
+import re
 import shutil
 import signal
 import stat
@@ -226,12 +227,16 @@ class Launch:
     sanitize: str | None = None
 
 
+_BACKTRACE_FRAME = re.compile(r"\s*frame #\d+: ")
+
+
 def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return "(no output)"
-    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    # A C++ abort's backtrace ("frame #12: ...") would push its message ("what(): CUDA error ...") out of the tail.
+    tail = [line for line in text.splitlines() if line.strip() and not _BACKTRACE_FRAME.match(line)][-lines:]
     return "\n".join(tail) or "(no output)"
 
 
