@@ -18,6 +18,7 @@ import torch
 
 from properties._plugin import isolation
 from properties._plugin.isolated_impl import _loads, _reraised
+from properties.cases import DecodeCase, build
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 HOSTILE = sorted(path.stem for path in (ROOT / "tests" / "impls").glob("hostile_*.py"))
@@ -120,6 +121,29 @@ def test_the_sanitizer_share_runs_under_compute_sanitizer_and_its_report_fails_t
     assert "caching allocator on" not in result.stdout
     assert "under compute-sanitizer --tool memcheck" in result.stdout
     assert len(list((tmp_path / "failures").glob("*.pt"))) == 1
+
+
+def test_a_child_that_dies_after_the_sanitizer_reported_fails_with_the_report(tmp_path, monkeypatch):
+    """On the H200 memcheck stops the kernel it caught and torch then aborts the process (a launch failure thrown
+    from a deleter): the call fails as the sanitizer's finding, with its report, not as a bare crash. A stand-in
+    compute-sanitizer logs its error when the call starts, and the call ends the process."""
+    from properties._plugin.isolated_impl import Child, Launch
+    from properties._plugin.isolation import SANITIZER_ENV, SanitizerError
+
+    stand_in = tmp_path / "compute-sanitizer"
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        "log=$4; shift 6\n"
+        "echo \"========= Invalid __global__ read of size 4 bytes (stand-in)\" >> \"$log\"\n"
+        "exec \"$@\"\n")
+    stand_in.chmod(stand_in.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(SANITIZER_ENV, str(stand_in))
+    child = Child(Launch("tests/impls/process_faults.py:exits", ROOT, "cpu", sanitize="memcheck"))
+    faulting = build(DecodeCase(lengths=(3, 3)), observe=False)
+    with pytest.raises(SanitizerError, match="reported an error, then the implementation's process died") as raised:
+        child.call(None, faulting.arguments(), {}, [])
+    assert "Invalid __global__ read of size 4 bytes (stand-in)" in str(raised.value)
+    assert "exit status 3" in str(raised.value) and not child.alive
 
 
 def test_sanitize_without_isolation_is_a_usage_error(tmp_path):

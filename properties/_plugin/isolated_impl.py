@@ -335,14 +335,18 @@ class Child:
                                  f"{CALL_TIMEOUT_ENV} or {BASE_TIMEOUT_S:.0f} s, plus {PER_TOKEN_S * 1e3:.0f} ms "
                                  f"per KV token); its process was killed\nits last output:\n{tail}")
 
-    def _died(self, when: str) -> ImplementationCrashed:
+    def _died(self, when: str) -> ImplementationCrashed | SanitizerError:
+        """The child's death as the call's failure: a ``SanitizerError`` where the sanitizer logged an error first
+        (memcheck stops the kernel it caught, and torch aborts on the launch failure: seen on the H200)."""
         self.process.join(5)
         code = self.process.exitcode
         tail, report = _log_tail(self.log), self._sanitizer_report() if self.sanitizer_log else ""
         self.stop()  # removes the log
-        return ImplementationCrashed(f"the implementation's process died {when} ({_exit_words(code)}); its process "
-                                     f"will be replaced\nits last output:\n{tail}"
-                                     + (f"\ncompute-sanitizer:\n{report}" if report else ""))
+        said = (f"the implementation's process died {when} ({_exit_words(code)}); its process will be replaced\n"
+                f"its last output:\n{tail}" + (f"\ncompute-sanitizer:\n{report}" if report else ""))
+        if any(_is_sanitizer_error(line) for line in report.splitlines()):
+            return SanitizerError(f"compute-sanitizer --tool {self.launch.sanitize} reported an error, then " + said)
+        return ImplementationCrashed(said)
 
     def _sanitizer_report(self) -> str:
         try:
