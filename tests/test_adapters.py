@@ -27,10 +27,12 @@ def _suite(tmp_path, *args: str):
 
 
 @needs_sglang
-def test_sglang_as_served_passes_the_central_properties(tmp_path):
+@pytest.mark.parametrize("definition", ["gqa_paged_decode_h32_kv4_d128_ps1", "gqa_paged_decode_h32_kv4_d128_ps64"])
+def test_sglang_as_served_passes_the_central_properties(tmp_path, definition):
+    """On the seed's definition and on 64-token pages (the adapter's token slots and ``page_size``)."""
     result = _suite(tmp_path, "properties/test_decode.py::test_output_and_lse_within_error_bound",
                     "properties/test_edge_shapes.py::test_lengths_at_block_edges_stay_within_error_bound",
-                    "--impl=adapters/sglang_decode.py:run_as_served")
+                    "--impl=adapters/sglang_decode.py:run_as_served", f"--definition={definition}")
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
     for declared in ("no LSE: output checked alone", "knobs num_kv_splits", "waives empty_sequences"):
         assert declared in result.stdout, result.stdout
