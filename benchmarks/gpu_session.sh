@@ -21,8 +21,8 @@
 #                                            # tests/test_isolation.py
 #   bash benchmarks/gpu_session.sh reach     # one sanitized call told whole, the sanitizer on the one-past reader,
 #                                            # tests/test_isolation.py, examples/s with isolation off and on; with
-#                                            # FAMILY=1 also SGLang across the family (the carry .carry/sglang: the
-#                                            # decode kernel's files from the sglang wheel) and cuDNN's root causes
+#                                            # FAMILY=1 also SGLang across the family (the carry .carry/sglang from
+#                                            # adapters/sglang_package.py) and cuDNN's root causes
 #   bash benchmarks/gpu_session.sh sanitizer # compute-sanitizer on one call without the suite, one sanitized call
 #                                            # told whole, tests/test_isolation.py's hang test
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto

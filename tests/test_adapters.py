@@ -168,3 +168,18 @@ def test_sglang_as_served_passes_the_central_property_with_pages_of_64_tokens(tm
     result = _suite(tmp_path, "properties/test_decode.py::test_output_and_lse_within_error_bound",
                     "--definition=gqa_paged_decode_h20_kv4_d128_ps64", "--impl=adapters/sglang_decode.py:run_as_served")
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
+
+
+def test_the_sglang_carry_is_the_kernel_files_alone(tmp_path):
+    """adapters/sglang_package.py takes the listed files out of a wheel and nothing else."""
+    import zipfile
+
+    from adapters import sglang_package
+
+    wheel = tmp_path / "sglang-0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in (*sglang_package.FILES, "sglang/srt/server.py"):
+            archive.writestr(name, f"# {name}\n")
+    out = tmp_path / "carry"
+    assert sglang_package.build(wheel, out) > 0
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.py")) == sorted(sglang_package.FILES)
