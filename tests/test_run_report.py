@@ -272,3 +272,12 @@ def test_report_leads_with_the_root_causes(run):
     assert "   - properties/test_suite.py::test_lse_base_two" in text
     saved = json.loads((directory / "report.json").read_text())
     assert next(iter(saved)) == "causes" and saved["causes"]["causes"][0]["needs"] == ["scale <= 0"]
+
+
+def test_items_whose_names_differ_past_the_cut_get_case_files_of_their_own():
+    """Seen on the H200: two layout items' case files, written in one second by one process, were one file."""
+    from properties._plugin.casefiles import _file_name
+
+    stem = "properties/test_layouts.py::test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error"
+    names = {_file_name(f"{stem}[shard1of8-{layout}]") for layout in ("mixed", "combined")}
+    assert len(names) == 2 and len({_file_name(stem), _file_name(stem)}) == 2

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
+import itertools
 import json
 import os
 import platform
@@ -265,10 +267,17 @@ def device_name(device: torch.device) -> str:
         return "cuda (name unavailable)"
 
 
+_files_written = itertools.count()
+
+
 def _file_name(nodeid: str) -> str:
+    """A name no other case file of the run has: the test's name cut short, a digest of the whole node id (two
+    items whose names differ only past the cut, ``...[shard1of8-mixed]`` and ``...[shard1of8-combined]``, once
+    wrote one file in the same second), the time, the process and its count of files."""
     test = re.sub(r"[^A-Za-z0-9_.-]+", "-", nodeid.rpartition("::")[2]).strip("-")[:80] or "test"
+    digest = hashlib.sha1(nodeid.encode()).hexdigest()[:8]
     stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
-    return f"{test}-{stamp}-{os.getpid()}.pt"
+    return f"{test}-{digest}-{stamp}-{os.getpid()}-{next(_files_written)}.pt"
 
 
 @dataclass(frozen=True)
