@@ -151,8 +151,8 @@ def test_replay_exit_status_says_reproduced_only_when_it_did(tmp_path):
     record.note_call(tuple(inputs[:5]), {})
     path = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
                                device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False)
-    replay = run_module("properties.repro", str(path), "--device", "cpu", "--no-png",
-                        "--impl", "tests/impls/asynchronous_cuda_fault.py:run")
+    replay = run_module("properties.repro", str(path), "--device", "cpu", "--no-png", "--isolation", "off",
+                        "--impl", "tests/impls/asynchronous_cuda_fault.py:run")  # in-process: its fault is ours
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert "reproduced on cpu: a sticky CUDA error" in replay.stdout and "Traceback" not in replay.stderr
 
@@ -162,3 +162,20 @@ def test_replay_exit_status_says_reproduced_only_when_it_did(tmp_path):
                                   profile="ci", run_id="r1", device_readable=False)
     replay = run_module("properties.repro", str(partial), "--device", "cpu", "--no-png")
     assert replay.returncode == 3 and "not replayed in full" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_a_kernel_replayed_in_its_own_process_cannot_talk_the_replay_into_green(tmp_path):
+    """hostile_replaces_comparison loosens the oracle's bounds at import: trusted in-process it turns its own
+    failure into "did not reproduce"; replayed as the suite runs it (isolated, the default), it reproduces."""
+    record = casefiles.Recorder()
+    record.begin("properties/test_decode.py::test_output_and_lse_within_error_bound")
+    inputs = build(DecodeCase(lengths=(3, 5)))
+    record.note_build(DecodeCase(lengths=(3, 5)), inputs)
+    record.note_call(tuple(inputs[:5]), {})
+    hostile = "tests/impls/hostile_replaces_comparison.py:run"
+    path = casefiles.save_case(tmp_path, record, error="AssertionError: off", impl_spec=hostile,
+                               device=torch.device("cpu"), profile="ci", run_id="r1")
+    isolated = run_module("properties.repro", str(path), "--device", "cpu", "--no-png")
+    assert isolated.returncode == 1 and "isolation: on" in isolated.stdout, isolated.stdout + isolated.stderr
+    trusted = run_module("properties.repro", str(path), "--device", "cpu", "--no-png", "--isolation", "off")
+    assert trusted.returncode == 0, trusted.stdout + trusted.stderr  # the threat is real

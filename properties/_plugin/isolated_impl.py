@@ -41,7 +41,7 @@ from .isolation import (
     call_deadline,
 )
 from .isolation_child import copied, copy_back
-from .target import ImplSpecError, Target, make_target
+from .target import ImplSpecError, Target, load_target, make_target, solution_and_definition
 
 START_TIMEOUT_S = 120.0  # spawn, import torch and the target (and a sanitizer's start)
 SANITIZED_SLOWDOWN = 10.0  # a sanitized child's calls may take this many times the deadline: instrumented kernels
@@ -547,3 +547,17 @@ def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY) -
     except ImplSpecError:
         function.close()
         raise
+
+
+def load_target_for(spec: str, root: Path, device_type: str, definition: Any = None, *, isolated: bool,
+                    sanitize: str | None = None, sanitize_every: int = SANITIZE_EVERY) -> Target:
+    """The ``Target`` of ``spec`` as the suite and the replay load it: imported here, or (``isolated``) in a child
+    process (``load_isolated_target``), a Solution file read here and its code run in the child only.
+    ``definition``: the one asked for, if any (a Solution file for another is refused)."""
+    if not isolated:
+        return load_target(spec, root=root, definition=definition)
+    solution = None
+    if spec.endswith(".json"):
+        solution, definition = solution_and_definition(spec, root, definition)
+    target = load_isolated_target(Launch(spec, root, device_type, sanitize=sanitize), sanitize_every)
+    return replace(target, solution=solution, definition=definition) if solution else target

@@ -53,7 +53,6 @@ from .target import (  # noqa: E402
     check_spec,
     confirm_device,
     device_type,
-    load_target,
     resolve_device,
 )
 
@@ -288,20 +287,11 @@ def _isolated(option: argparse.Namespace) -> bool:
 def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, definition: Any) -> Target:
     """The implementation: imported here, or (isolated) in a child process that reports its declarations.
     ``definition``: the one ``--definition`` names, if any (a Solution file for another is refused)."""
-    if not plan.isolated:
-        return load_target(plan.spec, root=config.rootpath, definition=definition)
-    import dataclasses
+    from .isolated_impl import load_target_for
 
-    from .isolated_impl import Launch, load_isolated_target
-    from .target import solution_and_definition
-
-    solution = None
-    if plan.spec.endswith(".json"):  # read here, its code run in the child only
-        solution, definition = solution_and_definition(plan.spec, config.rootpath, definition)
     option = config.option
-    launch = Launch(plan.spec, config.rootpath, device.type, sanitize=option.sanitize)
-    target = load_isolated_target(launch, option.sanitize_every)
-    return dataclasses.replace(target, solution=solution, definition=definition) if solution else target
+    return load_target_for(plan.spec, config.rootpath, device.type, definition, isolated=plan.isolated,
+                           sanitize=option.sanitize, sanitize_every=option.sanitize_every)
 
 
 def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_server.Server | None, str | None]:

@@ -1,7 +1,8 @@
 """Replay a saved failure: ``python -m properties.repro FILE [--device cpu|cuda] [--impl TARGET]``.
 
 Loads a case file written by the suite (``failures/*.pt``), runs the implementation
-on the recorded inputs (same values, shapes and strides) on the chosen device,
+on the recorded inputs (same values, shapes and strides) on the chosen device (in a
+child process, as the suite does, for all but this project's own kernel: ``--isolation``),
 compares with the float64 oracle and prints what is off: which sequences, heads and
 dims, by how much against the bound, and the layout of the call in words. Writes a
 heatmap of err/bound next to the case file. Exits 1 when the failure reproduces (a
@@ -28,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="where to replay: cuda, cpu (Triton interpreter), auto (cuda when available)")
     parser.add_argument("--impl", metavar="TARGET", default=None,
                         help="implementation to replay against (default: the one that failed)")
+    parser.add_argument("--isolation", choices=("auto", "on", "off"), default="auto",
+                        help="auto (default): the implementation in a child process unless it is this project's "
+                             "kernel, which cannot then rewrite the replay's oracle or comparison; off: in-process")
     parser.add_argument("--png", metavar="PATH", type=Path, default=None,
                         help="where to write the err/bound heatmap (default: next to FILE)")
     parser.add_argument("--no-png", action="store_true", help="write no heatmap")
@@ -121,10 +125,11 @@ def _replay_calls(calls: list[dict], options, impl, device, payload: dict, case)
 def main(argv: list[str] | None = None) -> int:
     """Replay a case file; see the module docstring for the exit status."""
     options = _parser().parse_args(argv)
-    from .._plugin.casefiles import CaseFileError, case_from_fields, definition_of, load_case
-    from .._plugin.containment import is_sticky_cuda_error
-    from .._plugin.target import DeviceError, ImplSpecError, load_target, resolve_device
-    from ..cases import definitions, using_definition
+    from .._plugin.casefiles import CaseFileError, definition_of, load_case
+    from .._plugin.isolated_impl import load_target_for
+    from .._plugin.isolation import isolated
+    from .._plugin.target import DEFAULT_IMPL, DeviceError, ImplSpecError, resolve_device
+    from ..cases import definitions
 
     try:
         device = resolve_device(options.device)  # before any Triton kernel is imported
@@ -133,14 +138,35 @@ def main(argv: list[str] | None = None) -> int:
         solution = payload.get("solution")
         # A Solution file is rebuilt from the path the run recorded (its own spec may be relative to that run).
         impl_spec = options.impl or (solution["path"] if solution else payload["impl"])
-        target = load_target(impl_spec)
-        impl = target.serving(definition)  # a destination-passing one through the suite's adapter, as in the run
-        case = case_from_fields(payload.get("case_fields"))
+        in_child = isolated(options.isolation, impl_spec, DEFAULT_IMPL)
+        target = load_target_for(impl_spec, Path.cwd(), device.type, isolated=in_child)
     except (CaseFileError, DeviceError, ImplSpecError, definitions.DefinitionError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    try:
+        return _replay(options, payload, target, definition, device, impl_spec, solution, in_child)
+    finally:
+        if in_child:
+            target.function.close()  # its child process
+
+
+def _replay(options, payload: dict, target, definition, device, impl_spec: str, solution: dict | None,
+            in_child: bool) -> int:
+    """Replay the recorded calls through ``target``; the exit status of ``main``."""
+    from .._plugin.casefiles import case_from_fields
+    from .._plugin.containment import is_sticky_cuda_error
+    from .._plugin.target import ImplSpecError
+    from ..cases import using_definition
+
+    try:
+        impl = target.serving(definition)  # a destination-passing one through the suite's adapter, as in the run
+    except ImplSpecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    case = case_from_fields(payload.get("case_fields"))
     for line in _header(payload, device, impl_spec) + _solution_lines(solution, target):
         print(line)
+    print("isolation: " + ("on, the implementation runs in a child process" if in_child else "off, in this process"))
     calls = payload["calls"]
     if not calls:
         print("\nno inputs were recorded for this failure; rerun the test: pytest "
