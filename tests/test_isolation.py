@@ -194,3 +194,14 @@ def test_the_deadline_grows_with_the_tokens_of_the_call(monkeypatch):
     assert small == pytest.approx(30.02) and large == pytest.approx(50.0)
     monkeypatch.setenv(isolation.CALL_TIMEOUT_ENV, "2")
     assert isolation.call_deadline((), {}) == 2.0
+
+
+def test_an_explicit_example_is_sanitized_when_every_example_is():
+    """An explicit @example has nothing to draw the share from: with --sanitize-every=1 it is sanitized too (on
+    the H200 the one-past reader's explicit example ran plain, passed, and the sanitized search went on)."""
+    from properties._plugin.isolated_impl import SanitizerShare
+
+    assert SanitizerShare(1).current() and not SanitizerShare(8).current()
+    promoted = SanitizerShare(8)
+    promoted.promoted = True
+    assert promoted.current()
