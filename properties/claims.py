@@ -85,6 +85,15 @@ def _applies(condition: bool) -> None:
         raise UnsatisfiedAssumption("the claim does not apply to this case")
 
 
+def _refused_clearly(error: Exception, contract: str, names: tuple[str, ...], context: str) -> None:
+    """A call refused where refusing is allowed: strict wants a TypeError or ValueError naming one of ``names``."""
+    __tracebackhide__ = True
+    if contract == "strict":
+        assert isinstance(error, (TypeError, ValueError)), f"{context}: refused with {error!r}"
+        assert any(name in str(error) for name in names), f"{context}: unclear error {error!r}"
+    _note(f"refused: {error!r}")
+
+
 # ---- against the oracle -----------------------------------------------------------------------
 
 
@@ -120,10 +129,7 @@ def right_answer_or_clear_error(impl, case, device, contract) -> None:
     except DestinationError:  # a destination-passing call that wrote outside its destinations refused nothing
         raise
     except Exception as error:  # refusing a layout is allowed; strict: TypeError/ValueError naming the input
-        if contract == "strict":
-            assert isinstance(error, (TypeError, ValueError)), f"case {case}: refused with {error!r}"
-            assert any(name in str(error) for name in LAYOUT_ARGUMENTS), f"case {case}: unclear error {error!r}"
-        _note(f"refused: {error!r}")
+        _refused_clearly(error, contract, LAYOUT_ARGUMENTS, f"case {case}")
         return
     run_and_check(lambda *_: result, inputs, f"case {case}")
 
@@ -140,10 +146,7 @@ def destinations_written(impl, case, device, contract, layout: str = "contiguous
     except Exception as error:  # a strided destination may be refused, never the plain one
         if layout == "contiguous":
             raise
-        if contract == "strict":
-            assert isinstance(error, (TypeError, ValueError)), f"{context}: refused with {error!r}"
-            assert "output" in str(error) or "lse" in str(error), f"{context}: unclear error {error!r}"
-        _note(f"refused: {error!r}")
+        _refused_clearly(error, contract, ("output", "lse"), context)
         return
     run_and_check(lambda *_: result, inputs, context)
 
