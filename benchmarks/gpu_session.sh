@@ -28,6 +28,9 @@
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
+#   bash benchmarks/gpu_session.sh finish    # issue 25's last verdicts: compute-sanitizer's version and options,
+#                                            # tests/test_isolation.py -n 20, the sanitizer on the one-past reader's
+#                                            # explicit example and on a property it must shrink (case file, report)
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
 set -uo pipefail
@@ -164,6 +167,25 @@ isolation)
     step throughput_isolation 200 python3 benchmarks/throughput.py isolation --device cuda --workers auto \
       --isolation off,on --repeat 1 --max-examples 15
   fi
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+finish)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  rm -rf failures failures-* reports reports-*
+  { compute-sanitizer --version | tail -n 2; compute-sanitizer --help | grep -A 6 -E "destroy-on-device-error"; } \
+    >>"$OUT/summary.txt" 2>&1
+  step test_isolation 230 "${PYTEST[@]}" tests/test_isolation.py -n 20 -q --durations=8
+  step sanitizer_explicit 100 "${PYTEST[@]}" properties/test_edge_shapes.py -k single_token -n 0 -q \
+    --run-report=none --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 \
+    --max-examples=1 --failures-dir=failures-explicit
+  step sanitizer_shrink 210 "${PYTEST[@]}" properties/test_edge_shapes.py -k block_edges -n 0 -q \
+    --run-report=none --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 \
+    --max-examples=10 --failures-dir=failures-shrink
+  for case_file in failures-explicit/*.pt failures-shrink/*.pt; do  # what each case file says, in its own words
+    [ -e "$case_file" ] && python3 -c 'import sys; from properties._plugin import casefiles
+p = casefiles.load_case(sys.argv[1]); print("--", sys.argv[1], "| case:", p.get("case_repr"))
+print(p.get("error", "")[:1500])' "$case_file" >>"$OUT/case_files.txt" 2>&1
+  done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 causes)
