@@ -2,12 +2,14 @@
 
 import importlib.util
 import json
+import re
 import time
 
 import pytest
 
 from properties._plugin import run_report
 from properties.cases import DecodeCase
+from tests.pytest_runs import clean_environment, run_pytest
 
 COUNTER = run_report.ItemCounter()
 
@@ -203,6 +205,41 @@ def test_verdict_line_forms():
         "FAILED: 1 of 3 properties failed, 1 crashed, 1 skipped")
     assert run_report.short_name("a/b.py::test_" + "x" * 50).endswith("…")
     assert run_report.short_name("a/b.py::test_lse[small]") == "lse[small]"
+
+
+def test_items_a_time_budget_left_unstarted_are_counted_not_passed(tmp_path):
+    """A property with one shard run and one unstarted passes on what ran, and says what did not; one whose
+    shards never started is skipped, not passed."""
+    _item(tmp_path, _node("ran", 1, 2))
+    _item(tmp_path, _node("ran", 2, 2), outcome="unstarted", examples=0)
+    for shard in (1, 2):
+        _item(tmp_path, _node("never", shard, 2), outcome="unstarted", examples=0)
+    report = run_report.write_report(tmp_path, RUN)
+    assert "**PASSED: 1 properties, 1 skipped; 3 items not started (time budget spent)**" in report.read_text()
+    assert _row(report, "ran")[1:3] == ["passed", "0 of 2 (1 not started)"]
+    assert _row(report, "never")[1:3] == ["skipped", "0 of 2 (2 not started)"]
+
+
+BUDGET_S = 12  # comfortably more than a loaded CI machine needs to reach the first property
+
+
+def test_a_time_budget_stops_starting_tests_and_still_finds_the_causes(tmp_path):
+    """A failing property, a test that outlasts the budget, then properties that find it spent: they are reported
+    as not started, and the failure found before is still probed into its cause (the run is not interrupted)."""
+    env = clean_environment(TIME_BUDGET_SLEEP_S=str(BUDGET_S + 1), GQA_DECODE_FAILURES_DIR=str(tmp_path / "f"),
+                            GQA_DECODE_REPORT_DIR=str(tmp_path / "reports"))
+    result = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound",
+                        "tests/time_budget_cases.py", "properties/test_edge_shapes.py", "-n", "0",
+                        "--isolation=off", "--impl=tests/impls/wrong_kv_head.py:run", "--max-examples=5",
+                        f"--time-budget={BUDGET_S}", env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"time budget {BUDGET_S} s: no test starts after it" in output
+    assert re.search(rf"gqa-decode: [5-9] items not started: the run's --time-budget of {BUDGET_S} s", output), output
+    assert "gqa-decode: 1 distinct failure (root causes, grouped by probing)" in output, output
+    (report,) = (tmp_path / "reports").glob("*/report.md")
+    assert re.search(r"\*\*FAILED: 1 of \d+ properties failed, \d+ skipped; [5-9] items not started \(time budget",
+                     report.read_text()), report.read_text()
 
 
 def test_summary_png_layout_keeps_every_label_inside_and_apart(run, monkeypatch):

@@ -33,6 +33,7 @@ import datetime  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from .suite_run import SuiteRun
 
 RUN_ID_ENV = "GQA_DECODE_RUN_ID"
+DEADLINE_ENV = "GQA_DECODE_DEADLINE"  # the controller's --time-budget as a wall-clock time, for its workers
 CLAIMS_DIR_ENV = "GQA_DECODE_CLAIMS_DIR"
 CONTRACTS = ("auto", "correct", "strict")
 
@@ -133,6 +135,9 @@ _OPTIONS = (
      "project's own kernel"),
     ("--sanitize", "GQA_DECODE_SANITIZE", None, str, isolation.SANITIZER_TOOLS, None,
      "run one example in --sanitize-every in a child under compute-sanitizer --tool TOOL (GPU; needs isolation)"),
+    ("--time-budget", "GQA_DECODE_TIME_BUDGET", None, positive_int, None, "SECONDS",
+     "start no test once SECONDS have passed since the run began: the rest are reported as not started, and the "
+     "failures found so far are still grouped into root causes (a test that has started runs to its end)"),
     ("--sanitize-every", "GQA_DECODE_SANITIZE_EVERY", str(isolation.SANITIZE_EVERY), positive_int, None, "N",
      "with --sanitize: about one example in N runs under the sanitizer"),
 )
@@ -171,6 +176,7 @@ class RunPlan:
     mps_server: mps_server.Server | None = None  # started by this controller for its workers, stopped at its end
     no_mps_server: str | None = None  # why starting one failed, for the header
     isolated: bool = False  # the implementation runs in a child process (``isolation``)
+    deadline: float | None = None  # --time-budget: no test starts after this time.time()
 
 
 @dataclass(frozen=True)
@@ -192,6 +198,7 @@ class RunState:
     claims_dir: Path
     workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the central property
     isolated: bool = False  # the implementation runs in a child process (``isolation``)
+    deadline: float | None = None  # --time-budget: no test starts after this time.time()
 
 
 PLAN = pytest.StashKey[RunPlan]()
@@ -258,9 +265,12 @@ def _run_plan(config: pytest.Config) -> RunPlan:
     inherited = os.environ.get(CLAIMS_DIR_ENV) if worker else None
     claims_dir = Path(inherited) if inherited else Path(tempfile.mkdtemp(prefix="gqa-decode-claims-"))
     made = () if inherited else (claims_dir,)
+    deadline = _deadline(option.time_budget, worker)
     server, no_server = None, None
     if controller:  # what its workers inherit through their environment
         os.environ[RUN_ID_ENV] = run_id
+        if deadline is not None:
+            os.environ[DEADLINE_ENV] = repr(deadline)
         os.environ[CLAIMS_DIR_ENV] = str(claims_dir)
         if device == "cuda":
             ids = gpus.visible_gpu_ids(gpus.cuda_device_count())
@@ -271,8 +281,17 @@ def _run_plan(config: pytest.Config) -> RunPlan:
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
         controller=controller, claims_dir=claims_dir, made_dirs=made, mps_server=server, no_mps_server=no_server,
-        isolated=isolated,
+        isolated=isolated, deadline=deadline,
     )
+
+
+def _deadline(budget_s: int | None, worker: str | None) -> float | None:
+    """When the run's --time-budget ends (``time.time()``): its controller's, for an xdist worker, so that every
+    process stops starting tests at the same moment."""
+    inherited = os.environ.pop(DEADLINE_ENV, None) if worker else None
+    if inherited:
+        return float(inherited)
+    return time.time() + budget_s if budget_s else None
 
 
 def _isolated(option: argparse.Namespace) -> bool:
@@ -336,7 +355,7 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
         report_dir=None if report == "none" else config.rootpath / report / plan.run_id, worker=plan.worker,
         controller=plan.controller, claims_dir=plan.claims_dir, workload_cases=workload_cases,
-        isolated=plan.isolated,
+        isolated=plan.isolated, deadline=plan.deadline,
     )
 
 
@@ -431,6 +450,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             "gqa-decode: " + isolation.mode_line(plan.isolated, config.option.isolation, config.option.sanitize),
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
+            *([f"gqa-decode: time budget {config.option.time_budget} s: no test starts after it, the rest are "
+               "reported as not started"] if plan.deadline else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]
               if plan.no_mps_server else [])]
 

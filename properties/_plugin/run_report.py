@@ -197,13 +197,15 @@ class ItemCounter:
 
 # "error": no verdict on the kernel: the suite itself could not run the item (it could not allocate its own inputs),
 # or, under MPS, the item crashed but its case passed when replayed alone (``mps.COLLATERAL``).
-OUTCOMES = ("passed", "failed", "crashed", "skipped", "stopped", "error")
+# "unstarted": the run's --time-budget was spent before the item started (``UNSTARTED`` in its skip reason).
+OUTCOMES = ("passed", "failed", "crashed", "skipped", "stopped", "error", "unstarted")
+UNSTARTED = "not started: the run's --time-budget was spent"
 # A property's verdict is the worst of its items' outcomes. A stopped shard counts as failed: it stopped
 # because a sibling failed (even when that sibling's line is missing, e.g. its worker died first); as an error
 # when the sibling's crash turned out not to be the kernel's (``_finish``).
 VERDICTS = ("crashed", "failed", "error", "passed", "skipped")  # worst first: the table's order
 _VERDICT_OF = {"crashed": "crashed", "failed": "failed", "stopped": "failed", "error": "error", "passed": "passed",
-               "skipped": "skipped"}
+               "skipped": "skipped", "unstarted": "skipped"}
 _FAILING = ("crashed", "failed")
 _COLORS = {"crashed": "black", "failed": "tab:red", "error": "tab:orange", "passed": "tab:green",
            "skipped": "tab:gray"}
@@ -299,6 +301,7 @@ def _finish(entry: dict) -> None:
     entry["verdict"] = next((v for v in VERDICTS if any(verdict_of[o] == v for o in outcomes)), "passed")
     entry["failing_shards"] = outcomes["failed"] + outcomes["crashed"]
     entry["stopped_shards"] = outcomes["stopped"]
+    entry["unstarted_shards"] = outcomes["unstarted"]
     chosen = _chosen_failure(entry.pop("failures"), entry["verdict"])
     entry["case_file"] = chosen["case_file"] if chosen else None
     entry["error"] = chosen["error"] if chosen else None
@@ -334,10 +337,13 @@ def ordered(merged: dict[str, dict]) -> list[str]:
 
 
 def verdict_line(merged: dict[str, dict]) -> str:
-    """'FAILED: 3 of 26 properties failed, 1 crashed' or 'PASSED: 26 properties' (skipped ones added)."""
+    """'FAILED: 3 of 26 properties failed, 1 crashed' or 'PASSED: 26 properties' (skipped ones added, and the
+    items a --time-budget left unstarted)."""
     count = Counter(entry["verdict"] for entry in merged.values())
     total, skipped = len(merged), f", {count['skipped']} skipped" if count["skipped"] else ""
     skipped += f", {count['error']} without a verdict (error)" if count["error"] else ""
+    unstarted = sum(entry.get("unstarted_shards", 0) for entry in merged.values())
+    skipped += f"; {unstarted} items not started (time budget spent)" if unstarted else ""
     bad = [(count[v], v) for v in _FAILING[::-1] if count[v]]  # failed before crashed
     if not bad:
         if count["error"]:
@@ -428,6 +434,8 @@ def verdict_table(merged: dict[str, dict]) -> list[str]:
         shards = f"{entry['failing_shards']} of {entry['items']}"
         if entry["stopped_shards"]:
             shards += f" ({entry['stopped_shards']} stopped)"
+        if entry.get("unstarted_shards"):
+            shards += f" ({entry['unstarted_shards']} not started)"
         case = f"`{_cell(entry['case_file'])}`" if entry["case_file"] else "-"
         rows.append(f"| `{_cell(name)}` | {verdict.upper() if verdict in _FAILING else verdict} | {shards} | "
                     f"{entry['examples']} | {_number(entry['examples_per_second'], '.1f')} | "

@@ -77,7 +77,8 @@ def _outcome(report: pytest.TestReport) -> str:
     if _infrastructure_error(report):
         return "error"
     if report.skipped:
-        return "stopped" if "stopped:" in str(report.longrepr) else "skipped"
+        said = str(report.longrepr)
+        return "stopped" if "stopped:" in said else "unstarted" if run_report.UNSTARTED in said else "skipped"
     return report.outcome
 
 
@@ -150,6 +151,7 @@ class SuiteRun:
         self.crashes: dict[str, str | None] = {}  # crashes under MPS this process reports: node id -> case file
         self.replays: list[mps.Replay] = []
         self.failed_nodeids: list[str] = []  # every failing item this process heard of (its own, or its workers')
+        self.unstarted = 0  # items this process heard of that the --time-budget left unstarted
         self.causes: dict | None = None  # the run's failures grouped into root causes (``causes``)
         self.probing = False  # replaying claims after the run: a fault then saves no case file
         self.seen_failure: _SeenFailure | None = None  # the running item's last failing example
@@ -283,6 +285,8 @@ class SuiteRun:
         if self.isolated is not None and self.isolated.share is not None:
             self.isolated.share.begin_item()
         self.started[item.nodeid] = time.perf_counter()
+        if self.state.deadline is not None and time.time() > self.state.deadline and shards.in_suite(item.path):
+            pytest.skip(f"{run_report.UNSTARTED} before it started")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -427,6 +431,8 @@ class SuiteRun:
         if report.failed and report.when in ("call", "???") and not _infrastructure_error(report) \
                 and shards.in_suite(self.config.rootpath / report.location[0]):
             self.failed_nodeids.append(report.nodeid)
+        if report.skipped and run_report.UNSTARTED in str(report.longrepr):
+            self.unstarted += 1
 
     def _find_causes(self) -> dict | None:
         """The run's failures grouped into root causes by probing (``causes``), in the process that reports the
@@ -511,6 +517,9 @@ class SuiteRun:
         terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}, "
                                         f"definition {names}")
         terminalreporter.write_line(self._isolation_line())
+        if self.unstarted:
+            terminalreporter.write_line(f"gqa-decode: {self.unstarted} items not started: the run's --time-budget of "
+                                        f"{config.option.time_budget} s was spent")
         for said in state.target.declarations():
             terminalreporter.write_line(f"declared by the implementation: {said}")
         found = causes.summary_lines(self.causes)
