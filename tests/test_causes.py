@@ -136,6 +136,40 @@ def test_failures_of_run_reads_case_files_and_adds_caseless_failures(tmp_path):
         (EMPTIES, None, None, {})]
 
 
+def wrong_with_20_heads(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+    """Right under the seed's definition, off by one under any with 20 query heads."""
+    output, lse = torch_float32(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+    return (output + 1.0, lse) if q.shape[1] == 20 else (output, lse)
+
+
+def test_a_failure_only_under_another_definition_says_so():
+    h20 = "gqa_paged_decode_h20_kv4_d128_ps1"
+    failures = [Failure(f"{BOUND}[{h20}-shard1of2]", "a.pt", "AssertionError",
+                        case=DecodeCase(lengths=(2,), definition=h20, seed=3)),
+                Failure(f"{SINGLE_TOKEN}[{h20}]", "b.pt", "AssertionError",
+                        case=DecodeCase(lengths=(1,), definition=h20))]
+    (cause,) = find_causes(failures, _prober(wrong_with_20_heads))
+    assert cause.needs == [f"definition {h20} (the seed's passes)"], cause.needs
+    assert cause.properties == [f"{SINGLE_TOKEN}[{h20}]", f"{BOUND}[{h20}]"]
+
+
+def test_an_explicit_example_found_under_another_definition_is_probed_under_it(tmp_path):
+    """An explicit example's case names no definition: its case file's definition is written into it, so a family
+    run's probe of it builds it for that definition, not the seed's."""
+    from properties._plugin import casefiles
+    from properties.cases import build, using_definition
+
+    other = definitions.by_name("gqa_paged_decode_h20_kv4_d128_ps64")
+    recorder = casefiles.Recorder()
+    recorder.begin(f"{BOUND}[{other.name}-shard1of2]")
+    with using_definition(other):
+        recorder.note_build(DecodeCase(lengths=(0,)), build(DecodeCase(lengths=(0,))))
+        casefiles.save_case(tmp_path, recorder, error="AssertionError: off", impl_spec="x:run",
+                            device=torch.device("cpu"), profile="ci", run_id="r")
+    (failure,) = causes.failures_of_run(casefiles.runs_index(tmp_path, "r"), [])
+    assert failure.case == DecodeCase(lengths=(0,), definition=other.name)
+
+
 BAD_INPUT_EACH = "properties/test_bad_input.py::test_each_corruption_is_handled"
 
 

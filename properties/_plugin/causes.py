@@ -21,7 +21,8 @@ guarded implementation, each with its property's draws:
    nothing of its case: its other failures join it once each fails again on its own case,
    and the cause lists each corruption.
 
-Every probe counts against one budget (``Budget``: 40 probes, 60 s); what was tried is
+Every probe counts against one budget (``Budget.for_failures``: 40 probes and 60 s, or six probes
+and a second per failure where there are more, at most 300 s); what was tried is
 kept and reported; a claim that does not apply to a probe's case leaves it undecided.
 Crashed properties are not probed where the implementation runs in-process (a fault would
 poison this process's CUDA context; an isolated child's fault is an ordinary failure, probed)
@@ -44,7 +45,7 @@ from typing import Any
 
 from hypothesis.errors import UnsatisfiedAssumption
 
-from .casefiles import CaseFileError, case_from_fields, claim_from_fields, load_case, replay_command
+from .casefiles import CaseFileError, case_from_fields, claim_from_fields, definition_of, load_case, replay_command
 from .containment import CudaContextLost, is_sticky_cuda_error
 from .shards import property_name
 
@@ -61,6 +62,7 @@ BLOCK = 128  # tokens per block of the usual decode kernels: a longer sequence n
 DEFAULTS: dict[str, Any] = {
     "lengths": (1,), "scale": None, "values": "normal", "page_layout": "shuffled", "spare_pages": 0,
     "pool_fill": "nan", "q_layout": "contiguous", "kv_layout": "separate", "index_layout": "int32", "seed": 0,
+    "definition": None,  # the seed's
 }
 LONGER = (3, BLOCK + 2)  # lengths tried when a one-token failure may not need its lengths
 FREE_WORDS = {"lengths": "any length", "scale": "any scale"}  # a field shown not to matter, in words
@@ -94,6 +96,12 @@ class Budget:
     seconds: float = 60.0
     used: int = 0
     spent: float = 0.0
+
+    @classmethod
+    def for_failures(cls, count: int) -> Budget:
+        """A budget that grows with the failures to group (a family run fails a property once per definition):
+        six probes and one second per failure, at least the defaults, at most 300 s."""
+        return cls(probes=max(cls.probes, 6 * count), seconds=min(300.0, max(cls.seconds, float(count))))
 
     def left(self) -> bool:
         return self.used < self.probes and self.spent < self.seconds
@@ -317,6 +325,9 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
     elif name == "spare_pages":
         needed.words.append("pages no sequence references")
         needed.tests["spare_pages"] = lambda c: c.spare_pages > 0
+    elif name == "definition":  # another definition that fails the same way may join: its own probes decide
+        needed.words.append(f"definition {value} (the seed's passes)")
+        needed.tests["definition"] = lambda c: c.definition is not None
     elif name == "seed":
         needed.words.append(f"these values (seed {value}; seed 0 passes)")
         needed.tests["seed"] = lambda c, v=value: c.seed == v
@@ -429,6 +440,7 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
         try:
             payload = load_case(entry["path"])
             case, draws = claim_from_fields(payload.get("claim")) or (case_from_fields(payload.get("case_fields")), {})
+            case, draws = _named(case, payload), {name: _named(value, payload) for name, value in draws.items()}
         except (CaseFileError, TypeError, KeyError):
             payload, case, draws = {}, None, {}
         error = entry.get("error") or (payload.get("error") or "").partition("\n")[0]
@@ -440,6 +452,18 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
             seen.add(property_name(nodeid))
             failures.append(Failure(nodeid))
     return failures
+
+
+def _named(value: Any, payload: dict) -> Any:
+    """A case as its probes must build it: an explicit example's case names no definition (it serves any), so
+    the definition its case file was found under is written in where that is not the seed's, under which a probe
+    builds it by default."""
+    from ..cases import definitions
+
+    if not dataclasses.is_dataclass(value) or getattr(value, "definition", "") is not None:
+        return value
+    found = definition_of(payload)
+    return value if found.name == definitions.SEED.name else replace(value, definition=found.name)
 
 
 def as_json(causes: list[Cause], prober: Prober) -> dict:

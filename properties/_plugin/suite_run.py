@@ -446,7 +446,8 @@ class SuiteRun:
 
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
         prober = causes.Prober(self.guarded_impl(), state.device, state.contract, claims.claim_for,
-                               claims.decided_by_draws, release=release)
+                               claims.decided_by_draws, budget=causes.Budget.for_failures(len(failures)),
+                               release=release)
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True
@@ -500,7 +501,7 @@ class SuiteRun:
             self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
         if self.state.worker:
             return
-        self.causes = self._find_causes() if probe else None  # Ctrl-C: the user wants out, not 60 s of probes
+        self.causes = self._find_causes() if probe else None  # Ctrl-C: the user wants out, not minutes of probes
         directory = self.state.report_dir
         if directory is None or not directory.is_dir():
             return

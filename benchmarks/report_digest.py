@@ -1,0 +1,71 @@
+"""A short digest of run reports, for summaries that must come back small from a GPU machine.
+
+    python benchmarks/report_digest.py reports-*/*/        # one block per run report folder
+
+Per run: the verdict line, each root cause (what it needs, how many properties, its minimal case and replay), and
+per definition the examples of passing properties and the properties that did not pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+_DEFINITION = re.compile(r"gqa_paged_decode_\w+?(?=[\]\-]|$)")
+
+
+def _definition(prop: str) -> str:
+    found = _DEFINITION.search(prop.partition("[")[2])
+    return found.group(0) if found else "(the run's definition)"
+
+
+def digest(folder: Path) -> list[str]:
+    """The digest of one run report folder, as markdown lines."""
+    report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+    verdict = next((line for line in (folder / "report.md").read_text(encoding="utf-8").splitlines()
+                    if line.startswith("**")), "(no verdict line)")
+    lines = [f"### {folder}", "", verdict, ""]
+    found = report.get("causes") or {}
+    for n, cause in enumerate(found.get("causes", []), 1):
+        rep = cause["representative"]
+        lines += [f"{n}. {cause['summary']} ({len(cause['properties'])} properties)",
+                  f"   case: {rep.get('case', '')[:400]} under {rep.get('definition')}",
+                  f"   error: {(rep.get('error') or '')[:300]}",
+                  f"   replay: {rep.get('replay')}"]
+    if found.get("probes"):
+        probes = found["probes"]
+        lines.append(f"probes: {probes['used']} of {probes['limit']}, {probes['seconds']} s; "
+                     f"stopped: {probes['stopped']}")
+    per_definition: dict[str, dict] = defaultdict(lambda: {"examples": 0, "passed": 0, "other": []})
+    for prop, entry in report.items():
+        if not isinstance(entry, dict) or "verdict" not in entry:
+            continue
+        row = per_definition[_definition(prop)]
+        if entry["verdict"] == "passed":
+            row["passed"] += 1
+            row["examples"] += entry["examples"]
+        elif entry["verdict"] != "skipped" or entry.get("unstarted_shards"):
+            name = prop.rpartition("::")[2].split("[")[0].removeprefix("test_")
+            row["other"].append(f"{name} {entry['verdict']}" + (
+                f" ({entry['unstarted_shards']} of {entry['items']} not started)" if entry.get("unstarted_shards")
+                else ""))
+    lines += ["", "| definition | properties passed | their examples | not passed |", "|---|---:|---:|---|"]
+    for name in sorted(per_definition):
+        row = per_definition[name]
+        lines.append(f"| {name} | {row['passed']} | {row['examples']} | {'; '.join(sorted(set(row['other'])))} |")
+    return lines + [""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="run report folders (reports/RUN_ID)")
+    for folder in parser.parse_args().folders:
+        if (folder / "report.json").is_file():
+            print("\n".join(digest(folder)))
+
+
+if __name__ == "__main__":
+    main()
