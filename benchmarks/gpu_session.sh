@@ -31,6 +31,10 @@
 #   bash benchmarks/gpu_session.sh finish    # issue 25's last verdicts: compute-sanitizer's version and options,
 #                                            # tests/test_isolation.py -n 20, the sanitizer on the one-past reader's
 #                                            # explicit example and on a property it must shrink (case file, report)
+#   bash benchmarks/gpu_session.sh production # ENTRIES="NAME=IMPL ..." each across the family (DEFINITION, default
+#                                            # all) at EXAMPLES per property (default 40) for BUDGET s (--time-budget,
+#                                            # default 120), root causes included; FlashInfer compiled first when
+#                                            # named; a digest of each report (benchmarks/report_digest.py)
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
 set -uo pipefail
@@ -185,6 +189,23 @@ finish)
     [ -e "$case_file" ] && python3 -c 'import sys; from properties._plugin import casefiles
 p = casefiles.load_case(sys.argv[1]); print("--", sys.argv[1], "| case:", p.get("case_repr"))
 print(p.get("error", "")[:1500])' "$case_file" >>"$OUT/case_files.txt" 2>&1
+  done
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+production)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  rm -rf failures-* reports-*
+  export PYTHONPATH=$PWD/.carry/flashinfer:$PWD/.carry/sglang${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_WORKSPACE_BASE=/tmp/fi \
+    FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_NVCC_THREADS=4 MAX_JOBS=16
+  case " ${ENTRIES:?name the entries} " in
+  *flashinfer*) step flashinfer_compile "${SMOKE_LIMIT:-200}" python3 -m adapters.flashinfer_decode ;;
+  esac
+  for entry in $ENTRIES; do
+    name=${entry%%=*}
+    step "$name" $((${BUDGET:-120} + ${PROBE_LIMIT:-150})) "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
+      "--definition=${DEFINITION:-all}" "--max-examples=${EXAMPLES:-40}" "--time-budget=${BUDGET:-120}" \
+      "--impl=${entry#*=}" "--run-report=reports-$name" "--failures-dir=failures-$name"
+    python3 benchmarks/report_digest.py "reports-$name"/*/ >>"$OUT/digest.md" 2>&1  # each at once: a cut call keeps it
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
