@@ -99,27 +99,29 @@ def test_a_hang_is_killed_after_the_deadline_and_shrunk(tmp_path):
 
 
 def test_the_sanitizer_share_runs_under_compute_sanitizer_and_its_report_fails_the_example(tmp_path):
-    """CPU plumbing only: a stand-in compute-sanitizer logs one memcheck error when it starts, then runs Python.
-    The H200 runs the real one on tests/impls/reads_one_past.py (docs/gpu.md)."""
+    """CPU plumbing only: a stand-in compute-sanitizer runs Python with its log named, and the implementation logs
+    an error for each call of a faulting batch and answers, as memcheck's --destroy-on-device-error kernel leaves
+    a process. The failure shrinks in the same sanitized child. The H200 runs the real one on
+    tests/impls/reads_one_past.py (docs/gpu.md)."""
     stand_in = tmp_path / "bin" / "compute-sanitizer"
     stand_in.parent.mkdir()
     stand_in.write_text(
         "#!/bin/sh\n"
-        "# compute-sanitizer --tool T --log-file F --print-limit N PYTHON ARGS...\n"
-        "tool=$2; log=$4; shift 6\n"
+        "# compute-sanitizer --tool T --log-file F --print-limit N --destroy-on-device-error kernel PYTHON ARGS...\n"
+        "log=$4; shift 8\n"
         "echo \"========= COMPUTE-SANITIZER\" >> \"$log\"\n"
-        "echo \"========= Invalid __global__ read of size 2 bytes ($tool stand-in)\" >> \"$log\"\n"
-        "echo \"=========     at gqa_paged_decode_kernel+0x1d0\" >> \"$log\"\n"
         "[ \"$PYTORCH_NO_CUDA_MEMORY_CACHING\" = 1 ] || echo \"========= caching allocator on\" >> \"$log\"\n"
-        "exec \"$@\"\n")
+        "STAND_IN_SANITIZER_LOG=$log exec \"$@\"\n")
     stand_in.chmod(stand_in.stat().st_mode | stat.S_IXUSR)
     path = f"{stand_in.parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    result = _suite(tmp_path, BOUND, "--max-examples=20", "--impl=tests/impls/torch_float32.py:run",
+    result = _suite(tmp_path, BOUND, "--max-examples=30", "--impl=tests/impls/sanitizer_stand_in_reader.py:run",
                     "--sanitize=memcheck", "--sanitize-every=2", PATH=path)
     assert result.returncode == 1, _output(result)
     assert "SanitizerError" in result.stdout and "Invalid __global__ read" in result.stdout, _output(result)
+    assert "lengths=(3, 3)" in result.stdout, _output(result)  # shrunk
     assert "caching allocator on" not in result.stdout
     assert "under compute-sanitizer --tool memcheck" in result.stdout
+    assert re.search(r"\d+ calls, 0 child restarts", result.stdout), _output(result)  # the child lived on
     assert len(list((tmp_path / "failures").glob("*.pt"))) == 1
 
 
@@ -133,7 +135,7 @@ def test_a_child_that_dies_after_the_sanitizer_reported_fails_with_the_report(tm
     stand_in = tmp_path / "compute-sanitizer"
     stand_in.write_text(
         "#!/bin/sh\n"
-        "log=$4; shift 6\n"
+        "log=$4; shift 8\n"
         "echo \"========= Invalid __global__ read of size 4 bytes (stand-in)\" >> \"$log\"\n"
         "exec \"$@\"\n")
     stand_in.chmod(stand_in.stat().st_mode | stat.S_IXUSR)

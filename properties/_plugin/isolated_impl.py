@@ -210,7 +210,9 @@ def _sanitizer_wrapper(tool: str, directory: Path) -> tuple[str, Path]:
         raise FileNotFoundError("--sanitize needs NVIDIA's compute-sanitizer on PATH (or GQA_DECODE_SANITIZER)")
     log = directory / f"{tool}.log"
     wrapper = directory / "python-under-sanitizer"
+    # --destroy-on-device-error kernel: a precise error ends the kernel, not the context, so the child lives on.
     wrapper.write_text(f"#!/bin/sh\nexec '{sanitizer}' --tool {tool} --log-file '{log}' --print-limit 100 "
+                       "--destroy-on-device-error kernel "
                        f"'{sys.executable}' \"$@\"\n", encoding="utf-8")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     return str(wrapper), log
@@ -299,7 +301,7 @@ class Child:
         deadline = call_deadline(args or (), kwargs or {}) * (SANITIZED_SLOWDOWN if self.sanitizer_log else 1.0)
         kind, value = self._receive(deadline, "the call")
         copy_back(copies)
-        self._check_sanitizer()
+        self._check_sanitizer(answered=kind in ("result", "result_on_host"))
         if kind == "result":
             return _owned(value, received)
         if kind == "result_on_host":  # a sanitized child's: back to the device of the call
@@ -355,14 +357,17 @@ class Child:
             return ""
         return "\n".join(line for line in text.splitlines() if line.startswith("========="))
 
-    def _check_sanitizer(self) -> None:
-        """A sanitized child: any error line logged since the last call fails this one."""
+    def _check_sanitizer(self, answered: bool) -> None:
+        """A sanitized child: any error line logged since the last call fails this one. A child that still
+        answered with a result is kept (the sanitizer ended only the faulting kernel; a fresh sanitized child
+        costs seconds, and a shrink fails many calls); one whose call raised is replaced."""
         if self.sanitizer_log is None:
             return
         lines = self._sanitizer_report().splitlines()
         new, self.sanitizer_seen = lines[self.sanitizer_seen:], len(lines)
         if any(_is_sanitizer_error(line) for line in new):
-            self.stop()
+            if not answered:
+                self.stop()
             raise SanitizerError(f"compute-sanitizer --tool {self.launch.sanitize} reported during the call:\n"
                                  + "\n".join(new[:200]))
 

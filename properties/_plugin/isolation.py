@@ -27,8 +27,9 @@ its parent and every other worker on the GPU.
 
 ``--sanitize=TOOL`` runs a share of the examples (``SanitizerShare``) in a second child started under NVIDIA's
 ``compute-sanitizer --tool TOOL`` with torch's caching allocator off (inside a cached segment a read past a
-tensor is invisible to it); any error it logs during a call fails that call with ``SanitizerError`` and the
-report.
+tensor is invisible to it) and ``--destroy-on-device-error kernel`` (a precise error ends the faulting kernel,
+not the CUDA context); any error it logs during a call fails that call with ``SanitizerError`` and the report. A
+child that still answered lives on, so a shrink does not pay a sanitized start-up per failing example.
 """
 
 from __future__ import annotations

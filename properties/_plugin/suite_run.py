@@ -386,7 +386,7 @@ class SuiteRun:
         line = isolation.mode_line(self.state.isolated, option.isolation, option.sanitize)
         if self.isolated is not None and (self.isolated.restarts or self.isolated.share):
             line += f" ({self.isolated.calls} calls, {self.isolated.restarts} child restarts" + (
-                f", examples sanitized/plain {self.isolated.share.counts['sanitized']}/"
+                f", drawn examples sanitized/plain {self.isolated.share.counts['sanitized']}/"
                 f"{self.isolated.share.counts['plain']}" if self.isolated.share else "") + ")"
         return line
 
