@@ -34,7 +34,8 @@
 #   bash benchmarks/gpu_session.sh production # ENTRIES="NAME=IMPL ..." each across the family (DEFINITION, default
 #                                            # all) at EXAMPLES per property (default 40) for BUDGET s (--time-budget,
 #                                            # default 120), root causes included; FlashInfer compiled first when
-#                                            # named; a digest of each report (benchmarks/report_digest.py)
+#                                            # named; a digest of each report (benchmarks/report_digest.py);
+#                                            # SANITIZER_SHRINK=SECONDS: a sanitized failure shrinks beside them
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
 set -uo pipefail
@@ -197,6 +198,11 @@ production)
   rm -rf failures-* reports-*
   export PYTHONPATH=$PWD/.carry/flashinfer:$PWD/.carry/sglang${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_WORKSPACE_BASE=/tmp/fi \
     FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_NVCC_THREADS=4 MAX_JOBS=16
+  if [ -n "${SANITIZER_SHRINK:-}" ]; then  # beside the entries (one process, one child): a sanitized failure shrunk
+    step sanitizer_shrink "$SANITIZER_SHRINK" "${PYTEST[@]}" properties/test_edge_shapes.py -k block_edges -n 0 -q \
+      --run-report=none --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 \
+      --max-examples=10 --failures-dir=failures-shrink &
+  fi
   case " ${ENTRIES:?name the entries} " in
   *flashinfer*) step flashinfer_compile "${SMOKE_LIMIT:-200}" python3 -m adapters.flashinfer_decode ;;
   esac
@@ -206,6 +212,12 @@ production)
       "--definition=${DEFINITION:-all}" "--max-examples=${EXAMPLES:-40}" "--time-budget=${BUDGET:-120}" \
       "--impl=${entry#*=}" "--run-report=reports-$name" "--failures-dir=failures-$name"
     python3 benchmarks/report_digest.py "reports-$name"/*/ >>"$OUT/digest.md" 2>&1  # each at once: a cut call keeps it
+  done
+  wait
+  for case_file in failures-shrink/*.pt; do
+    [ -e "$case_file" ] && python3 -c 'import sys; from properties._plugin import casefiles
+p = casefiles.load_case(sys.argv[1]); print("--", sys.argv[1], "| case:", p.get("case_repr"))
+print(p.get("error", "")[-2500:])' "$case_file" >>"$OUT/case_files.txt" 2>&1
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
