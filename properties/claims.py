@@ -28,7 +28,6 @@ from hypothesis import assume, note
 from hypothesis.control import currently_in_test_context
 from hypothesis.errors import UnsatisfiedAssumption
 
-from ._plugin.destinations import DestinationError
 from .cases import POOL_FILLS, DecodeCase, build, note_claim
 from .checks import (
     Checked,
@@ -42,7 +41,7 @@ from .checks import (
     run_and_check,
     snapshot,
 )
-from .corruptions import CORRUPTIONS, assert_handled
+from .corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
 from .transforms import (
     copy_queries_within_groups,
     poison_page,
@@ -60,15 +59,42 @@ __all__ = ["Claim", "assert_empty_sequences_exact", "claim_for", "decided_by_dra
 LAYOUT_ARGUMENTS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")
 
 
-def _claim(function: Callable) -> Claim:
-    """A claim: ``function`` with its case and draws told to the claim observers first."""
+def _claim(function: Callable | None = None, *, judges_refusals: bool = False) -> Claim:
+    """A claim: ``function`` with its case and draws told to the claim observers first. Unless it judges refusals
+    itself (``judges_refusals``), a case with a strided or sliced layout that the implementation refuses, as
+    test_layouts allows, is one the claim does not apply to (``_refusing_layouts``)."""
 
-    @functools.wraps(function)
-    def noted(impl, case, device, contract="correct", **draws):
-        note_claim(case, draws)
-        return function(impl, case, device, contract, **draws)
+    def decorate(function: Callable) -> Claim:
+        @functools.wraps(function)
+        def noted(impl, case, device, contract="correct", **draws):
+            note_claim(case, draws)
+            if not judges_refusals and not _plain_layouts(case):
+                impl = _refusing_layouts(impl, case, contract)
+            return function(impl, case, device, contract, **draws)
 
-    return noted
+        return noted
+
+    return decorate(function) if function is not None else decorate
+
+
+def _plain_layouts(case: DecodeCase) -> bool:
+    return (case.q_layout, case.kv_layout, case.index_layout) == ("contiguous", "separate", "int32")
+
+
+def _refusing_layouts(impl: Callable, case: DecodeCase, contract: str) -> Callable:
+    """``impl`` whose refusal of ``case``'s layout (an allowed one: ``_refused_clearly``) leaves the claim undecided."""
+
+    @functools.wraps(impl)
+    def call(*args, **kwargs):
+        try:
+            return impl(*args, **kwargs)
+        except NOT_A_REFUSAL:
+            raise
+        except Exception as error:
+            _refused_clearly(error, contract, LAYOUT_ARGUMENTS, f"case {case}")
+            _applies(False)
+
+    return call
 
 
 def _note(text: str) -> None:
@@ -120,13 +146,13 @@ def empty_sequences_exact(impl, case, device, contract) -> None:
     assert_empty_sequences_exact(*impl(*build(case, device)), case.lengths)
 
 
-@_claim
+@_claim(judges_refusals=True)
 def right_answer_or_clear_error(impl, case, device, contract) -> None:
     """A strided or sliced input gives the right answer or, strict, a TypeError/ValueError naming the input."""
     inputs = build(case, device)
     try:
         result = impl(*inputs)
-    except DestinationError:  # a destination-passing call that wrote outside its destinations refused nothing
+    except NOT_A_REFUSAL:
         raise
     except Exception as error:  # refusing a layout is allowed; strict: TypeError/ValueError naming the input
         _refused_clearly(error, contract, LAYOUT_ARGUMENTS, f"case {case}")
@@ -134,14 +160,14 @@ def right_answer_or_clear_error(impl, case, device, contract) -> None:
     run_and_check(lambda *_: result, inputs, f"case {case}")
 
 
-@_claim
+@_claim(judges_refusals=True)
 def destinations_written(impl, case, device, contract, layout: str = "contiguous") -> None:
     """A destination-passing call writes its destinations whole (a strided one may be refused) and nothing else."""
     inputs = build(case, device)
     context = f"case {case}, {layout} destinations"
     try:
         result = impl(*inputs, destinations=layout)
-    except DestinationError:
+    except NOT_A_REFUSAL:
         raise
     except Exception as error:  # a strided destination may be refused, never the plain one
         if layout == "contiguous":
@@ -267,7 +293,7 @@ def poison_stays_put(impl, case, device, contract, page_rank: int = 0, tensor: s
 # ---- bad input ----------------------------------------------------------------------------------
 
 
-@_claim
+@_claim(judges_refusals=True)
 def bad_input_handled(impl, case, device, contract, corruption: str = "q_float16", where: int = 0,
                       then_valid: bool = True) -> None:
     """The call broken by ``corruption`` is refused as the tier demands; with ``then_valid``, the valid call made

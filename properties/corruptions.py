@@ -14,10 +14,16 @@ import torch
 from hypothesis import strategies as st
 
 from ._plugin.destinations import DestinationError
+from ._plugin.isolation import ImplementationFailed
 from .cases import DecodeInputs, active_definition
 from .strategies import SizeLimits
 
-__all__ = ["CORRUPTIONS", "LIMITS", "Corruption", "assert_handled", "corruptions"]
+__all__ = ["CORRUPTIONS", "LIMITS", "NOT_A_REFUSAL", "Corruption", "assert_handled", "corruptions"]
+
+# Errors that refuse nothing where a refusal is allowed: a destination-passing call that wrote outside its
+# destinations, and an isolated implementation's crash, hang, sanitizer error or late write (in-process a fault
+# was no exception a claim could catch, and must not become one by isolating the implementation).
+NOT_A_REFUSAL = (DestinationError, ImplementationFailed)
 
 # Validation does not depend on sizes: small cases keep the two calls per example cheap.
 LIMITS = SizeLimits(max_batch=3, max_len=40, max_spare_pages=8)
@@ -202,7 +208,7 @@ def assert_handled(impl, contract: str, inputs: DecodeInputs, corruption: str, w
     if contract != "strict":
         try:
             impl(*call)
-        except DestinationError:  # a destination-passing call that wrote outside its destinations refused nothing
+        except NOT_A_REFUSAL:
             raise
         except Exception:  # noqa: BLE001 - any exception: how to refuse is the kernel's choice
             return

@@ -15,10 +15,14 @@ import stat
 
 import pytest
 import torch
+from hypothesis.errors import UnsatisfiedAssumption
 
+from properties import claims
 from properties._plugin import isolation
 from properties._plugin.isolated_impl import _loads, _reraised
-from properties.cases import DecodeCase, build
+from properties._plugin.target import in_definition_order
+from properties.cases import DecodeCase, build, definitions
+from tests.impls.torch_float32 import run as torch_float32
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 HOSTILE = sorted(path.stem for path in (ROOT / "tests" / "impls").glob("hostile_*.py"))
@@ -207,3 +211,43 @@ def test_an_explicit_example_is_sanitized_when_every_example_is():
     promoted = SanitizerShare(8)
     promoted.promoted = True
     assert promoted.current()
+
+
+def _crashes(*args, **kwargs):
+    raise isolation.ImplementationCrashed("the implementation's process died during the call (killed by SIGSEGV)")
+
+
+@pytest.mark.parametrize(("prop", "case", "draws"), [
+    ("test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error", DecodeCase((2,), kv_layout="padded_dim"),
+     {}),
+    ("test_bad_input_is_refused_and_the_next_call_works", DecodeCase((2,)), {"corruption": "page_id_negative"}),
+    ("test_junk_in_unreferenced_pages_changes_nothing", DecodeCase((2,), spare_pages=2, kv_layout="dim_outer"), {}),
+])
+def test_a_crash_is_never_a_refusal(prop, case, draws):
+    """Where a claim lets the implementation refuse (a strided layout, a bad input), an isolated child's crash is
+    still a failure: in-process the fault was no exception a claim could catch."""
+    with pytest.raises(isolation.ImplementationCrashed):
+        claims.claim_for(prop)(_crashes, case, torch.device("cpu"), "correct", **draws)
+
+
+def _refuses_padded_kv(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+    if k_cache.stride(-2) != k_cache.shape[-1]:
+        raise ValueError("k_cache: a padded head dim is not supported")
+    return torch_float32(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+
+
+def test_a_layout_refused_as_test_layouts_allows_leaves_other_claims_undecided():
+    """A layout test_layouts lets the implementation refuse fails no other property that draws it: that claim
+    does not apply to the case; a refusal of the plain layout still fails."""
+    junk = claims.claim_for("test_junk_in_unreferenced_pages_changes_nothing")
+    refusing = in_definition_order(_refuses_padded_kv, definitions.SEED)
+    with pytest.raises(UnsatisfiedAssumption):
+        junk(refusing, DecodeCase((2,), spare_pages=2, kv_layout="padded_dim"), torch.device("cpu"),
+             "strict")
+    junk(refusing, DecodeCase((2,), spare_pages=2), torch.device("cpu"), "correct")
+    with pytest.raises(ValueError, match="refused"):
+        junk(_refuses_everything, DecodeCase((2,), spare_pages=2), torch.device("cpu"), "correct")
+
+
+def _refuses_everything(*args, **kwargs):
+    raise ValueError("q: refused")
