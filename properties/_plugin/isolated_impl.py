@@ -201,6 +201,7 @@ def _neutral_start(executable: str | None, extra_env: dict[str, str]) -> Iterato
 
 
 _START_LOCK = threading.Lock()
+PRINT_LIMIT = 10**9  # compute-sanitizer's --print-limit: errors it prints before it stops printing them
 
 
 def _sanitizer_wrapper(tool: str, directory: Path) -> tuple[str, Path]:
@@ -211,7 +212,9 @@ def _sanitizer_wrapper(tool: str, directory: Path) -> tuple[str, Path]:
     log = directory / f"{tool}.log"
     wrapper = directory / "python-under-sanitizer"
     # --destroy-on-device-error kernel: a precise error ends the kernel, not the context, so the child lives on.
-    wrapper.write_text(f"#!/bin/sh\nexec '{sanitizer}' --tool {tool} --log-file '{log}' --print-limit 100 "
+    # Every error printed: under the default limit (100) a long-lived child's later errors went unlogged and a
+    # shrink saw its failing example pass (memcheck logs each faulting thread: 32 lines per call on the H200).
+    wrapper.write_text(f"#!/bin/sh\nexec '{sanitizer}' --tool {tool} --log-file '{log}' --print-limit {PRINT_LIMIT} "
                        "--destroy-on-device-error kernel "
                        f"'{sys.executable}' \"$@\"\n", encoding="utf-8")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
@@ -273,7 +276,7 @@ class Child:
         with _neutral_start(executable, extra_env):
             self.process.start()
         theirs.close()
-        self.sanitizer_seen = 0
+        self.sanitizer_seen = 0  # bytes of the sanitizer's log already read
         kind, said = self._receive(START_TIMEOUT_S + float(os.environ.get(CALL_TIMEOUT_ENV) or BASE_TIMEOUT_S),
                                    "starting")
         if kind == "refused":
@@ -342,7 +345,7 @@ class Child:
         (memcheck stops the kernel it caught, and torch aborts on the launch failure: seen on the H200)."""
         self.process.join(5)
         code = self.process.exitcode
-        tail, report = _log_tail(self.log), self._sanitizer_report() if self.sanitizer_log else ""
+        tail, report = _log_tail(self.log), self._sanitizer_report()[0] if self.sanitizer_log else ""
         self.stop()  # removes the log
         said = (f"the implementation's process died {when} ({_exit_words(code)}); its process will be replaced\n"
                 f"its last output:\n{tail}" + (f"\ncompute-sanitizer:\n{report}" if report else ""))
@@ -350,12 +353,17 @@ class Child:
             return SanitizerError(f"compute-sanitizer --tool {self.launch.sanitize} reported an error, then " + said)
         return ImplementationCrashed(said)
 
-    def _sanitizer_report(self) -> str:
+    def _sanitizer_report(self, since: int = 0) -> tuple[str, int]:
+        """The sanitizer's lines from byte ``since`` of its log on (a long shrink's log grows by every error), and
+        the byte it read to."""
         try:
-            text = self.sanitizer_log.read_text(encoding="utf-8", errors="replace")
+            with open(self.sanitizer_log, "rb") as log:
+                log.seek(since)
+                data = log.read()
         except OSError:
-            return ""
-        return "\n".join(line for line in text.splitlines() if line.startswith("========="))
+            return "", since
+        text = data.decode("utf-8", errors="replace")
+        return "\n".join(line for line in text.splitlines() if line.startswith("=========")), since + len(data)
 
     def _check_sanitizer(self, answered: bool) -> None:
         """A sanitized child: any error line logged since the last call fails this one. A child that still
@@ -363,8 +371,8 @@ class Child:
         costs seconds, and a shrink fails many calls); one whose call raised is replaced."""
         if self.sanitizer_log is None:
             return
-        lines = self._sanitizer_report().splitlines()
-        new, self.sanitizer_seen = lines[self.sanitizer_seen:], len(lines)
+        report, self.sanitizer_seen = self._sanitizer_report(since=self.sanitizer_seen)
+        new = report.splitlines()
         if any(_is_sanitizer_error(line) for line in new):
             if not answered:
                 self.stop()
