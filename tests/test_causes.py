@@ -153,6 +153,22 @@ def test_a_failure_only_under_another_definition_says_so():
     assert cause.properties == [f"{SINGLE_TOKEN}[{h20}]", f"{BOUND}[{h20}]"]
 
 
+def wrong_with_20_heads_or_nonpositive_scales(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+    output, lse = wrong_with_20_heads(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+    return (output * math.nan, lse) if sm_scale is not None and sm_scale <= 0 else (output, lse)
+
+
+def test_a_failure_under_another_definition_joins_only_where_its_own_definition_fails_the_same_way():
+    """Another property failing under a third definition for a reason of its own (scale 0) does not join the
+    cause that needs definition h20, though the representative's case (under h20) fails its check too."""
+    h20, h24 = "gqa_paged_decode_h20_kv4_d128_ps1", "gqa_paged_decode_h24_kv8_d128_ps1"
+    failures = [Failure(f"{BOUND}[{h20}-shard1of2]", "a.pt", "AssertionError", case=DecodeCase((2,), definition=h20)),
+                Failure(f"{SCALES}[{h24}-shard1of2]", "b.pt", "AssertionError",
+                        case=DecodeCase((3,), scale=0.0, definition=h24))]
+    found = find_causes(failures, _prober(wrong_with_20_heads_or_nonpositive_scales))
+    assert [cause.needs for cause in found] == [[f"definition {h20} (the seed's passes)"], ["scale <= 0"]], found
+
+
 def test_an_explicit_example_found_under_another_definition_is_probed_under_it(tmp_path):
     """An explicit example's case names no definition: its case file's definition is written into it, so a family
     run's probe of it builds it for that definition, not the seed's."""

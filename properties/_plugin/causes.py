@@ -344,8 +344,12 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
     """Why ``other`` belongs to the representative's cause, or None."""
     if not needed.holds_for(other.case):
         return None
-    if prober.fails(other.prop, rep.case, other.draws):
-        return "the representative's case fails its check too"
+    # A cause that needs its definition: the representative's case under the other's own definition, which may
+    # fail for another reason (its own definition's), so under the representative's it would join wrongly.
+    case = replace(rep.case, definition=other.case.definition) if "definition" in needed.tests else rep.case
+    if prober.fails(other.prop, case, other.draws):
+        return "the representative's case fails its check too" + (" under its own definition" if case is not rep.case
+                                                                   else "")
     if needed.tests and prober.fails(other.prop, _toward_defaults(other.case, needed), other.draws) is False \
             and prober.fails(other.prop, other.case, other.draws):
         return f"its own case passes once {', '.join(needed.tests)} go to the default"
@@ -440,7 +444,8 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
         try:
             payload = load_case(entry["path"])
             case, draws = claim_from_fields(payload.get("claim")) or (case_from_fields(payload.get("case_fields")), {})
-            case, draws = _named(case, payload), {name: _named(value, payload) for name, value in draws.items()}
+            case = _in_its_definition(case, payload)
+            draws = {name: _in_its_definition(value, payload) for name, value in draws.items()}
         except (CaseFileError, TypeError, KeyError):
             payload, case, draws = {}, None, {}
         error = entry.get("error") or (payload.get("error") or "").partition("\n")[0]
@@ -454,16 +459,16 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
     return failures
 
 
-def _named(value: Any, payload: dict) -> Any:
-    """A case as its probes must build it: an explicit example's case names no definition (it serves any), so
-    the definition its case file was found under is written in where that is not the seed's, under which a probe
-    builds it by default."""
+def _in_its_definition(value: Any, payload: dict) -> Any:
+    """A case as its probes build it, naming its definition unless it is the seed's (a case naming none is built for
+    the seed's, the default a probe moves toward). An explicit example's case names none even where it ran under
+    another definition: the one its case file was found under is written in."""
     from ..cases import definitions
 
-    if not dataclasses.is_dataclass(value) or getattr(value, "definition", "") is not None:
+    if not dataclasses.is_dataclass(value) or not hasattr(value, "definition"):
         return value
-    found = definition_of(payload)
-    return value if found.name == definitions.SEED.name else replace(value, definition=found.name)
+    name = value.definition if value.definition is not None else definition_of(payload).name
+    return replace(value, definition=None if name == definitions.SEED.name else name)
 
 
 def as_json(causes: list[Cause], prober: Prober) -> dict:
