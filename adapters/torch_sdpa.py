@@ -120,8 +120,10 @@ def _padded(tokens: Tokens, padded_length: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def _cudnn(call: Call, tokens: Tokens) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(tokens.lengths)
-    return _cudnn_padded(call, *_padded(tokens, -(-longest // _CUDNN_KEY_ALIGN) * _CUDNN_KEY_ALIGN))
+    # At least one aligned block of keys: with none (every sequence empty) cuDNN returned no LSE at all, and the
+    # adapter's TypeError failed the H200 run; masked keys give the backend's own answer for an empty row.
+    blocks = max(1, -(-max(tokens.lengths) // _CUDNN_KEY_ALIGN))
+    return _cudnn_padded(call, *_padded(tokens, blocks * _CUDNN_KEY_ALIGN))
 
 
 def _cudnn_padded(call: Call, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
