@@ -7,7 +7,7 @@ import pytest
 
 from properties._plugin import gpus
 from properties._plugin.target import DeviceError, ImplSpecError, confirm_device, device_type, load_impl
-from tests.pytest_runs import ROOT, clean_environment, run_pytest
+from tests.pytest_runs import ROOT, clean_environment, run_module, run_pytest
 
 
 def run_suite(*args: str) -> subprocess.CompletedProcess:
@@ -71,6 +71,26 @@ def test_declared_knobs_are_drawn_per_example_and_explicit_examples_use_the_defa
     assert "declares knobs flavour" in result.stdout
     drawn = seen.read_text().split()
     assert drawn[0] == "plain" and set(drawn) == {"plain", "spiced"}, drawn  # the @example first, at the default
+
+
+def test_a_knob_that_breaks_the_kernel_is_in_its_case_file_its_replay_and_its_cause(tmp_path):
+    """The knob values an example drew are recorded with its calls: the replay and the root-cause probes call
+    the implementation with them (with the defaults a failure only one value gives "passed when probed")."""
+    (tmp_path / "spiced_is_wrong.py").write_text(
+        "from tests.impls.torch_float32 import run as correct\n"
+        "def run(*args, flavour):\n"
+        "    output, lse = correct(*args)\n"
+        "    return (output + 1.0 if flavour == 'spiced' else output), lse\n"
+        "run.knobs = {'flavour': ('plain', 'spiced')}\n"
+    )
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest("properties/test_edge_shapes.py::test_single_token_sequences_stay_within_error_bound", "-n0",
+                        "--hypothesis-profile=ci", f"--impl={tmp_path / 'spiced_is_wrong.py'}:run", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "flavour='spiced'" in result.stdout and "its own check passed" not in result.stdout, result.stdout
+    (case_file,) = (tmp_path / "failures").glob("*.pt")
+    replay = run_module("properties.repro", str(case_file), "--no-png", env=env)
+    assert replay.returncode == 1 and "flavour='spiced'" in replay.stdout, replay.stdout + replay.stderr
 
 
 def test_a_worker_without_the_runs_cuda_device_fails_instead_of_testing_on_the_cpu():

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import time
@@ -78,6 +79,7 @@ class Failure:
     crashed: bool = False
     case: Any = None  # the DecodeCase its claim was about (its case file says), if any
     draws: dict = field(default_factory=dict)  # the test's other draws, as its claim took them
+    knobs: dict = field(default_factory=dict)  # the implementation's knobs as the example drew them (its calls')
 
     @property
     def prop(self) -> str:
@@ -126,9 +128,10 @@ class Prober:
     tried: list[str] = field(default_factory=list)
     stopped: str | None = None  # why probing ended early (budget, a lost CUDA context)
 
-    def fails(self, prop: str, case: Any, draws: dict | None = None) -> bool | None:
-        """Whether ``prop``'s claim fails on ``case`` with ``draws``; None when the probe could not decide (budget
-        spent, the claim does not apply to the case, the suite out of memory, the context lost)."""
+    def fails(self, prop: str, case: Any, draws: dict | None = None, knobs: dict | None = None) -> bool | None:
+        """Whether ``prop``'s claim fails on ``case`` with ``draws``, the implementation called with ``knobs``
+        (else its defaults); None when the probe could not decide (budget spent, the claim does not apply to the
+        case, the suite out of memory, the context lost)."""
         from ..cases import SuiteOutOfMemory, unobserved, using_definition
 
         if self.stopped or not self.budget.left():
@@ -138,7 +141,8 @@ class Prober:
         start, verdict = time.perf_counter(), None
         try:
             with using_definition(case.shape), unobserved():  # the implementation serves the active definition
-                self.claim_for(prop)(self.impl, case, self.device, self.contract, **(draws or {}))
+                impl = functools.partial(self.impl, **knobs) if knobs else self.impl
+                self.claim_for(prop)(impl, case, self.device, self.contract, **(draws or {}))
             verdict = False
         except UnsatisfiedAssumption:
             self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, the claim does not apply")
@@ -195,7 +199,8 @@ class Cause:
 
 
 def _failure_json(failure: Failure) -> dict:
-    return {"property": failure.prop, "nodeid": failure.nodeid, "case": _with(failure.case, failure.draws),
+    case = _with(failure.case, {**failure.draws, **failure.knobs})  # the knobs it ran with, as the draws
+    return {"property": failure.prop, "nodeid": failure.nodeid, "case": case,
             "definition": getattr(failure.case, "definition", None), "case_file": failure.case_file,
             "replay": replay_command(failure.case_file) if failure.case_file else None, "error": failure.error,
             "crashed": failure.crashed}
@@ -287,7 +292,7 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
         value = getattr(case, name)
         if value == default:
             continue
-        verdict = prober.fails(rep.prop, replace(case, **{name: default}), rep.draws)
+        verdict = prober.fails(rep.prop, replace(case, **{name: default}), rep.draws, rep.knobs)
         if verdict is None:
             needed.free.append(f"{name} untested")
             continue
@@ -297,7 +302,7 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
             continue
         _describe_needed(prober, rep, name, value, needed)
     if case.lengths == DEFAULTS["lengths"]:  # one token: does a longer batch fail too?
-        verdict = prober.fails(rep.prop, replace(case, lengths=LONGER), rep.draws)
+        verdict = prober.fails(rep.prop, replace(case, lengths=LONGER), rep.draws, rep.knobs)
         if verdict:
             needed.free.append(FREE_WORDS["lengths"])
         elif verdict is False:
@@ -310,7 +315,7 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
     case = rep.case
     if name == "scale":
         words, test, other = _scale_class(value)
-        if other is not None and prober.fails(rep.prop, replace(case, scale=other), rep.draws) is False:
+        if other is not None and prober.fails(rep.prop, replace(case, scale=other), rep.draws, rep.knobs) is False:
             words, test = f"scale {value!r} (scale {other!r} passes)", (lambda s, v=value: s == v)
         needed.words.append(words)
         needed.tests["scale"] = lambda c, t=test: t(c.scale)
@@ -347,11 +352,11 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
     # A cause that needs its definition: the representative's case under the other's own definition, which may
     # fail for another reason (its own definition's), so under the representative's it would join wrongly.
     case = replace(rep.case, definition=other.case.definition) if "definition" in needed.tests else rep.case
-    if prober.fails(other.prop, case, other.draws):
+    if prober.fails(other.prop, case, other.draws, other.knobs):
         return "the representative's case fails its check too" + (" under its own definition" if case is not rep.case
                                                                    else "")
-    if needed.tests and prober.fails(other.prop, _toward_defaults(other.case, needed), other.draws) is False \
-            and prober.fails(other.prop, other.case, other.draws):
+    if needed.tests and prober.fails(other.prop, _toward_defaults(other.case, needed), other.draws, other.knobs) \
+            is False and prober.fails(other.prop, other.case, other.draws, other.knobs):
         return f"its own case passes once {', '.join(needed.tests)} go to the default"
     return None
 
@@ -382,7 +387,7 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
     waiting = sorted((f for f in failures if f.probeable), key=_simplicity)
     while waiting:
         rep, rest = waiting[0], waiting[1:]
-        reproduced = prober.fails(rep.prop, rep.case, rep.draws)
+        reproduced = prober.fails(rep.prop, rep.case, rep.draws, rep.knobs)
         if not reproduced:
             note = ("its own check passed on its case when probed (the property relates several calls or draws "
                     "beyond the case)" if reproduced is False else f"not probed: {prober.stopped}")
@@ -451,12 +456,22 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
         error = entry.get("error") or (payload.get("error") or "").partition("\n")[0]
         failures.append(Failure(entry["nodeid"], entry["path"], error,
                                 crashed=not isolated and is_sticky_cuda_error(RuntimeError(error)), case=case,
-                                draws=draws))
+                                draws=draws, knobs=_knobs_of(payload)))
     for nodeid in failed_nodeids:
         if property_name(nodeid) not in seen:
             seen.add(property_name(nodeid))
             failures.append(Failure(nodeid))
     return failures
+
+
+_NOT_KNOBS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale", "destinations")
+
+
+def _knobs_of(payload: dict) -> dict:
+    """The knob values of a case file's first recorded call: its keyword arguments that are not the call's own."""
+    calls = payload.get("calls") or [{}]
+    return {name: value for name, value in calls[0].get("kwargs", {}).items()
+            if name not in _NOT_KNOBS and not isinstance(value, dict)}
 
 
 def _in_its_definition(value: Any, payload: dict) -> Any:

@@ -180,9 +180,11 @@ class SuiteRun:
         def in_active_definition(*args, **kwargs):
             return target.serving(cases.active_definition())(*args, **kwargs)
 
-        function = _as_declared(target, self.knob_draws.applied_to(in_active_definition))
-        return stages.timed("kernel", self.guard.wrap(function, self.recorder.note_call,
-                                                      settles=not self.state.isolated))
+        # The knobs outside the recorder: each recorded call holds the values it ran with, so a case file replays
+        # them and the root-cause probes take them.
+        guarded = self.guard.wrap(_as_declared(target, in_active_definition), self.recorder.note_call,
+                                  settles=not self.state.isolated)
+        return stages.timed("kernel", self.knob_draws.applied_to(guarded))
 
     # ---- session -------------------------------------------------------------------------------
 
