@@ -242,6 +242,21 @@ def test_a_time_budget_stops_starting_tests_and_still_finds_the_causes(tmp_path)
                      report.read_text()), report.read_text()
 
 
+def test_a_family_sized_run_draws_its_failures_first_and_lists_every_property(tmp_path, monkeypatch):
+    """Over ``MAX_DRAWN`` properties (a family run has over a thousand) the strip draws the first ``MAX_DRAWN``,
+    failures first, and says how many more report.md lists."""
+    drawn = []
+    panel = run_report._verdict_panel
+    monkeypatch.setattr(run_report, "_verdict_panel", lambda axis, merged, names: (drawn.extend(names),
+                                                                                     panel(axis, merged, names)))
+    count = run_report.MAX_DRAWN + 7
+    for n in range(count):
+        _item(tmp_path, _node(f"p{n:03d}", 1, 1), outcome="failed" if n == count - 1 else "passed", examples=2)
+    report = run_report.write_report(tmp_path, RUN)
+    assert len(drawn) == run_report.MAX_DRAWN and drawn[0].endswith(f"p{count - 1:03d}"), drawn[:2]
+    assert len([row for row in _table(report) if "::test_p" in row]) == count
+
+
 def test_summary_png_layout_keeps_every_label_inside_and_apart(run, monkeypatch):
     """The explicit layout (no tight_layout): long property names, titles and tick labels all lie inside the
     figure, and no panel's labels run into a neighbouring panel."""

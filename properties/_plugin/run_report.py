@@ -552,7 +552,8 @@ def short_name(name: str, width: int = 36) -> str:
 
 
 def _verdict_panel(axis, merged: dict[str, dict], names: list[str]) -> None:
-    """One bar per property (examples run), colored by verdict, with the failing shards written beside it."""
+    """One bar per property drawn (examples run), colored by verdict, with the failing shards written beside it;
+    the title counts those not drawn."""
     positions = range(len(names))
     widths = [max(merged[n]["examples"], 1) for n in names]
     axis.barh(positions, widths, color=[_COLORS[merged[n]["verdict"]] for n in names])
@@ -567,7 +568,9 @@ def _verdict_panel(axis, merged: dict[str, dict], names: list[str]) -> None:
 
     axis.legend(handles=[Patch(color=_COLORS[v], label=v) for v in VERDICTS], loc="lower right", fontsize=8)
     axis.set_xlabel("examples run (color: verdict)")
-    axis.set_title("verdict per property", y=1.0)
+    hidden = len(merged) - len(names)
+    axis.set_title("verdict per property" + (f" (the first {len(names)}; {hidden} more in report.md)" if hidden
+                                             else ""), y=1.0)
 
 
 def _verdict_label(entry: dict) -> str:
@@ -614,6 +617,9 @@ _TICK_SPACE = 0.12  # tick and pad, between an axis and its tick labels
 _EDGE = 0.15  # from the figure's edge to the outermost text
 _COVERAGE_ROW = 3.2  # height of one row of coverage panels
 _LABEL_ROTATION = 30  # the coverage panels' x tick labels, in degrees
+# Properties drawn in the verdict strip: a family run has over a thousand, whose strip took 13 s to draw and could
+# not be read; report.md lists them all.
+MAX_DRAWN = 80
 
 
 def _fitting_size(renderer, text: str, size: float, room: float) -> float:
@@ -657,7 +663,7 @@ def _summary_png(merged: dict[str, dict], path: Path, run_id: str, note: str | N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = ordered(merged)
+    names = ordered(merged)[:MAX_DRAWN]  # failures first
     shown = [d for d in DIMENSIONS if any(e["counts"].get(d) for e in merged.values())]
     columns = 3
     coverage_rows = math.ceil(len(shown) / columns)
