@@ -54,6 +54,15 @@ step() {  # step NAME SECONDS COMMAND...: run, keep the last lines, record the e
   tail -n 25 "$OUT/$name.log" | cut -c1-300 >>"$OUT/summary.txt"
 }
 
+case_file_errors() {  # case_file_errors FILE...: each case file's case and error, in its own words, to case_files.txt
+  for case_file in "$@"; do
+    [ -e "$case_file" ] || continue  # an unmatched glob
+    python3 -c 'import sys; from properties._plugin import casefiles
+p = casefiles.load_case(sys.argv[1]); print("--", sys.argv[1], "| case:", p.get("case_repr")); print(p.get("error", ""))' \
+      "$case_file" 2>&1 | head -c 4000 >>"$OUT/case_files.txt"
+  done
+}
+
 watch_resources() {  # peak host RAM in use and failures/ size, every 2 s, until killed
   local peak=0 used
   while sleep 2; do
@@ -186,11 +195,7 @@ finish)
   step sanitizer_shrink 210 "${PYTEST[@]}" properties/test_edge_shapes.py -k block_edges -n 0 -q \
     --run-report=none --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 \
     --max-examples=10 --failures-dir=failures-shrink
-  for case_file in failures-explicit/*.pt failures-shrink/*.pt; do  # what each case file says, in its own words
-    [ -e "$case_file" ] && python3 -c 'import sys; from properties._plugin import casefiles
-p = casefiles.load_case(sys.argv[1]); print("--", sys.argv[1], "| case:", p.get("case_repr"))
-print(p.get("error", "")[:1500])' "$case_file" >>"$OUT/case_files.txt" 2>&1
-  done
+  case_file_errors failures-explicit/*.pt failures-shrink/*.pt
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 production)
@@ -214,11 +219,7 @@ production)
     python3 benchmarks/report_digest.py "reports-$name"/*/ >>"$OUT/digest.md" 2>&1  # each at once: a cut call keeps it
   done
   wait
-  for case_file in failures-shrink/*.pt; do
-    [ -e "$case_file" ] && python3 -c 'import sys; from properties._plugin import casefiles
-p = casefiles.load_case(sys.argv[1]); print("--", sys.argv[1], "| case:", p.get("case_repr"))
-print(p.get("error", "")[-2500:])' "$case_file" >>"$OUT/case_files.txt" 2>&1
-  done
+  case_file_errors failures-shrink/*.pt
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 causes)

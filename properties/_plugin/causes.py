@@ -436,10 +436,12 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
 # ---- the run's failures, and the file -------------------------------------------------------
 
 
-def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool = False) -> list[Failure]:
+def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool = False,
+                    knobs: tuple[str, ...] = ()) -> list[Failure]:
     """One ``Failure`` per failing property: its case file from the run's index (``casefiles.runs_index``),
     else the failing node id alone. ``isolated``: the implementation ran in a child process, whose fault this
-    process outlives, so a failure that lost a CUDA context there is probed like any other."""
+    process outlives, so a failure that lost a CUDA context there is probed like any other. ``knobs``: the names
+    of the implementation's knobs, whose values its recorded calls hold."""
     failures, seen = [], set()
     for entry in index:
         prop = property_name(entry["nodeid"])
@@ -456,7 +458,7 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
         error = entry.get("error") or (payload.get("error") or "").partition("\n")[0]
         failures.append(Failure(entry["nodeid"], entry["path"], error,
                                 crashed=not isolated and is_sticky_cuda_error(RuntimeError(error)), case=case,
-                                draws=draws, knobs=_knobs_of(payload)))
+                                draws=draws, knobs=_knobs_of(payload, knobs)))
     for nodeid in failed_nodeids:
         if property_name(nodeid) not in seen:
             seen.add(property_name(nodeid))
@@ -464,14 +466,10 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
     return failures
 
 
-_NOT_KNOBS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale", "destinations")
-
-
-def _knobs_of(payload: dict) -> dict:
-    """The knob values of a case file's first recorded call: its keyword arguments that are not the call's own."""
+def _knobs_of(payload: dict, names: tuple[str, ...]) -> dict:
+    """The values of the knobs ``names`` in a case file's first recorded call."""
     calls = payload.get("calls") or [{}]
-    return {name: value for name, value in calls[0].get("kwargs", {}).items()
-            if name not in _NOT_KNOBS and not isinstance(value, dict)}
+    return {name: value for name, value in calls[0].get("kwargs", {}).items() if name in names}
 
 
 def _in_its_definition(value: Any, payload: dict) -> Any:

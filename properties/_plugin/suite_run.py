@@ -429,11 +429,12 @@ class SuiteRun:
     # ---- the end -------------------------------------------------------------------------------
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Note every failing property this process hears of (its own items, or its xdist workers')."""
+        """Note every failing property, and count every item the --time-budget left unstarted, that this process
+        hears of (its own items, or its xdist workers')."""
         if report.failed and report.when in ("call", "???") and not _infrastructure_error(report) \
                 and shards.in_suite(self.config.rootpath / report.location[0]):
             self.failed_nodeids.append(report.nodeid)
-        if report.skipped and run_report.UNSTARTED in str(report.longrepr):
+        if report.skipped and _outcome(report) == "unstarted":
             self.unstarted += 1
 
     def _find_causes(self) -> dict | None:
@@ -441,7 +442,8 @@ class SuiteRun:
         run; None when nothing failed. No probes once the CUDA context is lost."""
         state = self.state
         failures = causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.run_id),
-                                          self.failed_nodeids, isolated=state.isolated)
+                                          self.failed_nodeids, isolated=state.isolated,
+                                          knobs=tuple(state.target.knobs))
         if not failures:
             return None
         from .. import claims
