@@ -19,7 +19,7 @@ from hypothesis.errors import UnsatisfiedAssumption
 
 from properties import claims
 from properties._plugin import isolation
-from properties._plugin.isolated_impl import _loads, _reraised
+from properties._plugin.isolated_impl import Child, Launch, _loads, _reraised
 from properties._plugin.target import in_definition_order
 from properties.cases import DecodeCase, build, definitions
 from tests.impls.torch_float32 import run as torch_float32
@@ -133,7 +133,6 @@ def test_a_child_that_dies_after_the_sanitizer_reported_fails_with_the_report(tm
     """On the H200 memcheck stops the kernel it caught and torch then aborts the process (a launch failure thrown
     from a deleter): the call fails as the sanitizer's finding, with its report, not as a bare crash. A stand-in
     compute-sanitizer logs its error when the call starts, and the call ends the process."""
-    from properties._plugin.isolated_impl import Child, Launch
     from properties._plugin.isolation import SANITIZER_ENV, SanitizerError
 
     stand_in = tmp_path / "compute-sanitizer"
@@ -150,6 +149,22 @@ def test_a_child_that_dies_after_the_sanitizer_reported_fails_with_the_report(tm
         child.call(None, faulting.arguments(), {}, [])
     assert "Invalid __global__ read of size 4 bytes (stand-in)" in str(raised.value)
     assert "exit status 3" in str(raised.value) and not child.alive
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC: on a GPU only")
+def test_a_child_that_dies_holding_cuda_inputs_leaves_none_of_them_allocated():
+    """Torch frees a block it shared only once each process it went to lets go; a dead child never does, so each
+    crashing example of a huge pool had left its gigabytes in the parent (``isolated_impl._release_shares``)."""
+    child = Child(Launch("tests/impls/process_faults.py:exits", ROOT, "cuda"))
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    faulting = build(DecodeCase(lengths=(3, 3), spare_pages=(2**30) // 1024), "cuda", observe=False)  # >= 2 GiB
+    assert torch.cuda.memory_reserved() - before >= 2**31
+    with pytest.raises(isolation.ImplementationCrashed, match="exit status 3"):
+        child.call(None, faulting.arguments(), {}, [])
+    del faulting
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - before < 2**26, torch.cuda.memory_summary(abbreviated=True)
 
 
 def test_sanitize_without_isolation_is_a_usage_error(tmp_path):

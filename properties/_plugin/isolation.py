@@ -14,7 +14,9 @@ answers. The parent trusts nothing from it:
   left running) fails the example (``ResultChangedAfterReturn``) instead of reaching the check unseen;
 - CPU inputs go to the child as copies in shared memory, with the child's writes copied back once it has
   answered (the properties' own snapshots then see what the call did, and nothing it does later); CUDA inputs
-  are shared without copies (CUDA IPC), the device synchronised before the answer;
+  are shared without copies (CUDA IPC), the device synchronised before the answer; the child lets go of them
+  before it answers, and for a child that died holding them the parent releases them itself (torch would keep
+  them allocated for good: ``isolated_impl._release_shares``);
 - an exception the implementation raised comes back as text and is raised again as its nearest built-in class
   (``ValueError``, ``TypeError``...) with the original class named in the message.
 

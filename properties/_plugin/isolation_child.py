@@ -163,6 +163,7 @@ def _serve(connection, function, device, own_copies: bool) -> None:
         if message[0] != "call":
             return
         _, definition, args, kwargs, ambient = message
+        del message  # the inputs live in args and kwargs alone, released before the answer: the parent counts on it
         copies: dict = {}
         try:
             bound = _bound(function, definition, bindings)
