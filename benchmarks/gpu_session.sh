@@ -35,7 +35,8 @@
 #                                            # all) at EXAMPLES per property (default 40) for BUDGET s (--time-budget,
 #                                            # default 120), root causes included; FlashInfer compiled first when
 #                                            # named; a digest of each report (benchmarks/report_digest.py);
-#                                            # SANITIZER_SHRINK=SECONDS: a sanitized failure shrinks beside them
+#                                            # SANITIZER_SHRINK=SECONDS: a sanitized failure shrinks beside them;
+#                                            # PYTEST_ARGS: more options for each entry's run (-k EXPR, a file)
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
 set -uo pipefail
@@ -215,7 +216,7 @@ production)
     name=${entry%%=*}
     step "$name" $((${BUDGET:-120} + ${PROBE_LIMIT:-150})) "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
       "--definition=${DEFINITION:-all}" "--max-examples=${EXAMPLES:-40}" "--time-budget=${BUDGET:-120}" \
-      "--impl=${entry#*=}" "--run-report=reports-$name" "--failures-dir=failures-$name"
+      "--impl=${entry#*=}" "--run-report=reports-$name" "--failures-dir=failures-$name" ${PYTEST_ARGS:-}
     python3 benchmarks/report_digest.py "reports-$name"/*/ >>"$OUT/digest.md" 2>&1  # each at once: a cut call keeps it
   done
   wait
