@@ -199,9 +199,8 @@ finish)
   case_file_errors failures-explicit/*.pt failures-shrink/*.pt
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
-production)
-  nvidia-smi -L | tee "$OUT/summary.txt"
-  rm -rf failures-* reports-*
+production)  # appends to $OUT's summary and digest, so several runs can share one $OUT (TAG names their logs)
+  nvidia-smi -L | tee -a "$OUT/summary.txt"
   export PYTHONPATH=$PWD/.carry/flashinfer:$PWD/.carry/sglang${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_WORKSPACE_BASE=/tmp/fi \
     FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_NVCC_THREADS=4 MAX_JOBS=16
   if [ -n "${SANITIZER_SHRINK:-}" ]; then  # beside the entries (one process, one child): a sanitized failure shrunk
@@ -214,6 +213,7 @@ production)
   esac
   for entry in $ENTRIES; do
     name=${entry%%=*}
+    rm -rf "failures-$name" "reports-$name"
     step "$name" $((${BUDGET:-120} + ${PROBE_LIMIT:-150})) "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu \
       "--definition=${DEFINITION:-all}" "--max-examples=${EXAMPLES:-40}" "--time-budget=${BUDGET:-120}" \
       "--impl=${entry#*=}" "--run-report=reports-$name" "--failures-dir=failures-$name" ${PYTEST_ARGS:-}
@@ -221,7 +221,7 @@ production)
   done
   wait
   case_file_errors failures-shrink/*.pt
-  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  tar czf "$OUT/logs-${TAG:-production}.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 causes)
   nvidia-smi -L | tee "$OUT/summary.txt"
