@@ -34,8 +34,10 @@ use_tensor_cores (a knob: None, True)
 Declarations
     ``run``: the whole contract except input validation (FlashInfer checks shapes, not page ids or
     ``kv_indptr``); an empty sequence goes to the kernel and its answer is reported. ``run_as_served``
-    also waives empty sequences (an engine never sends one). A batch of no sequences is answered by the
-    adapter without calling FlashInfer, as by the torch adapters.
+    also waives empty sequences (an engine never sends one). ``default_as_served`` waives the same and draws
+    no knob: FlashInfer's own choice alone (the tensor-core path's LSE fails nearly every property, which
+    hides what the default kernel gets wrong). A batch of no sequences is answered by the adapter without
+    calling FlashInfer, as by the torch adapters.
 """
 
 from __future__ import annotations
