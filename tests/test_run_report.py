@@ -242,6 +242,23 @@ def test_a_time_budget_stops_starting_tests_and_still_finds_the_causes(tmp_path)
                      report.read_text()), report.read_text()
 
 
+def test_the_verdicts_are_written_before_the_probes_start(tmp_path):
+    """Probing can take minutes; a run stopped during it (a CI step's limit, Ctrl-C) still leaves its report, with
+    every verdict, which the probes' causes then complete. Seen on the H200: a step limit during the probes of a
+    huge-pool failure left no report at all."""
+    watch = tmp_path / "watch.txt"
+    env = clean_environment(PROBE_WATCH_FILE=str(watch), GQA_DECODE_FAILURES_DIR=str(tmp_path / "f"),
+                            GQA_DECODE_REPORT_DIR=str(tmp_path / "reports"))
+    result = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound", "-n", "0",
+                        "-p", "tests.probe_watch_plugin", "--isolation=off", "--impl=tests/impls/wrong_kv_head.py:run",
+                        "--max-examples=5", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "**FAILED: 1 of 1 properties failed" in watch.read_text(), watch.read_text()
+    assert "distinct failure" not in watch.read_text()
+    (report,) = (tmp_path / "reports").glob("*/report.md")
+    assert "## 1 distinct failure" in report.read_text(), report.read_text()
+
+
 def test_a_family_sized_run_draws_its_failures_first_and_lists_every_property(tmp_path, monkeypatch):
     """Over ``MAX_DRAWN`` properties (a family run has over a thousand) the strip draws the first ``MAX_DRAWN``,
     failures first, and says how many more report.md lists."""

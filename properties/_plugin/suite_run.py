@@ -437,15 +437,16 @@ class SuiteRun:
         if report.skipped and _outcome(report) == "unstarted":
             self.unstarted += 1
 
-    def _find_causes(self) -> dict | None:
-        """The run's failures grouped into root causes by probing (``causes``), in the process that reports the
-        run; None when nothing failed. No probes once the CUDA context is lost."""
+    def _failures(self) -> list:
+        """The run's failures, each with its case file (``causes.Failure``), as the report's process sees them."""
         state = self.state
-        failures = causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.run_id),
-                                          self.failed_nodeids, isolated=state.isolated,
-                                          knobs=tuple(state.target.knobs))
-        if not failures:
-            return None
+        return causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.run_id), self.failed_nodeids,
+                                      isolated=state.isolated, knobs=tuple(state.target.knobs))
+
+    def _find_causes(self, failures: list) -> dict:
+        """``failures`` grouped into root causes by probing (``causes``), in the process that reports the run. No
+        probes once the CUDA context is lost."""
+        state = self.state
         from .. import claims
 
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
@@ -505,10 +506,17 @@ class SuiteRun:
             self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
         if self.state.worker:
             return
-        self.causes = self._find_causes() if probe else None  # Ctrl-C: the user wants out, not minutes of probes
         directory = self.state.report_dir
-        if directory is None or not directory.is_dir():
-            return
+        writable = directory is not None and directory.is_dir()
+        failures = self._failures() if probe else []  # Ctrl-C: the user wants out, not minutes of probes
+        if failures and writable:  # the verdicts first: a run stopped while probing still leaves its report
+            self._save_report(directory)
+        self.causes = self._find_causes(failures) if failures else None
+        if writable:
+            self._save_report(directory)
+
+    def _save_report(self, directory: Path) -> None:
+        """report.md and its files as they stand (the verdicts; the root causes once probed)."""
         if self.mps_pipe:
             mps.save(directory, self.mps_pipe, self.replays)
         if self.causes is not None:
