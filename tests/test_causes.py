@@ -28,6 +28,7 @@ SCALES = "properties/test_hostile_values.py::test_tiny_and_huge_scales_stay_with
 LAYOUTS = "properties/test_layouts.py::test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error"
 UNCHANGED = "properties/test_metamorphic.py::test_inputs_are_left_unchanged"
 SINGLE_TOKEN = "properties/test_edge_shapes.py::test_single_token_sequences_stay_within_error_bound"
+EXTREME = "properties/test_hostile_values.py::test_extreme_logits_stay_within_error_bound"
 
 
 def two_defects(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
@@ -187,6 +188,36 @@ def test_an_explicit_example_found_under_another_definition_is_probed_under_it(t
 
 
 BAD_INPUT_EACH = "properties/test_bad_input.py::test_each_corruption_is_handled"
+
+
+def finite_sentinel(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+    """FlashInfer's -5e4 mask sentinel, in effect: a head whose every logit lies below it gets output 0 and an LSE
+    pinned there (seen on the H200, docs/findings.md)."""
+    output, lse = torch_float32(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+    dropped = lse < -5e4
+    return output.masked_fill(dropped[..., None], 0.0), lse.masked_fill(dropped, -5e4)
+
+
+def test_a_finite_sentinel_reached_through_several_value_regimes_is_one_cause():
+    """Large logits at scale 8, very negative ones at scale 8 and the beyond-sentinel regime each put a head far
+    below zero: one defect, where field by field they would be three causes (FlashInfer's default path, H200)."""
+    failures = [
+        Failure(SINGLE_TOKEN, "a.pt", "AssertionError", case=DecodeCase(lengths=(1,), scale=8.0,
+                                                                         values="large_logits")),
+        Failure(BOUND, "b.pt", "AssertionError", case=DecodeCase(lengths=(1,), scale=8.0, values="very_negative")),
+        Failure(EXTREME, "c.pt", "AssertionError", case=DecodeCase(lengths=(3, 130), values="beyond_sentinel",
+                                                                   seed=1)),
+    ]
+    prober = _prober(finite_sentinel)
+    (cause,) = find_causes(failures, prober)
+    assert cause.needs == [causes.FAR_BELOW_WORDS], (cause.needs, prober.tried)
+    assert set(cause.properties) == {SINGLE_TOKEN, BOUND, EXTREME}
+
+
+def test_a_need_of_the_scale_alone_is_not_taken_for_logits_far_below_zero():
+    (cause,) = find_causes([Failure(BOUND, "a.pt", "AssertionError", case=DecodeCase(lengths=(1,), scale=0.0))],
+                           _prober(nonpositive_scale_nan))
+    assert cause.needs == ["scale <= 0"] and not causes._far_below_zero(cause.representative.case)
 
 
 def test_input_validation_missing_is_one_cause_listing_each_corruption():

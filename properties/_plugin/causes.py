@@ -12,7 +12,9 @@ guarded implementation, each with its property's draws:
    default makes the failure go away is one the failure needs. A needed scale, length or
    pool is then described by its class ("scale <= 0", "an empty sequence", "page ids >=
    2^22"), confirmed with one more member of the class where one is at hand; fields that
-   are not needed are said to be free ("any length" once a longer batch fails too).
+   are not needed are said to be free ("any length" once a longer batch fails too). Needed
+   values, scale or seed that put a head's every logit far below zero are that one need
+   (the domain of a finite mask sentinel, which many regimes reach).
 3. Another failing property joins the cause when its own minimal case has what the cause
    needs and either the representative's case breaks its claim, or its own case stops
    failing once the needed fields go to their defaults.
@@ -66,6 +68,12 @@ DEFAULTS: dict[str, Any] = {
     "definition": None,  # the seed's
 }
 LONGER = (3, BLOCK + 2)  # lengths tried when a one-token failure may not need its lengths
+# A head whose exact LSE (base 2) is below this has every logit far below zero: under a finite mask sentinel
+# (FlashInfer's -5e4) the masked slots then outweigh every real logit. Several value regimes and scales get there.
+FAR_BELOW_LSE2 = -1.0e4
+FAR_BELOW_WORDS = "a head whose every logit is far below zero (its LSE < -10^4)"
+LOGIT_FIELDS = ("values", "scale", "seed")  # what sets the logits; a need of theirs may be the derived one above
+DERIVED_TOKENS = 1 << 16  # a case the derived test builds and solves on the CPU has at most these tokens
 FREE_WORDS = {"lengths": "any length", "scale": "any scale"}  # a field shown not to matter, in words
 
 
@@ -288,6 +296,7 @@ class _Needed:
 def _vary(prober: Prober, rep: Failure) -> _Needed:
     """Move each field of the representative's case toward its default, one at a time."""
     case, needed = rep.case, _Needed()
+    words_of: dict[str, list[str]] = {}
     for name, default in DEFAULTS.items():
         value = getattr(case, name)
         if value == default:
@@ -300,14 +309,18 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
             if name in FREE_WORDS:
                 needed.free.append(FREE_WORDS[name])
             continue
+        said = len(needed.words)
         _describe_needed(prober, rep, name, value, needed)
+        words_of[name] = needed.words[said:]
     if case.lengths == DEFAULTS["lengths"]:  # one token: does a longer batch fail too?
         verdict = prober.fails(rep.prop, replace(case, lengths=LONGER), rep.draws, rep.knobs)
         if verdict:
             needed.free.append(FREE_WORDS["lengths"])
-        elif verdict is False:
-            needed.words.append(f"lengths {case.lengths!r} (lengths {LONGER!r} pass)")
+        elif verdict is False:  # other logits, or other lengths: the derived need below may say which
+            words_of["lengths"] = [f"lengths {case.lengths!r} (lengths {LONGER!r} pass)"]
+            needed.words += words_of["lengths"]
             needed.tests["lengths"] = lambda c, n=case.lengths: c.lengths == n
+    _fold_into_far_below(case, needed, words_of)
     return needed
 
 
@@ -341,8 +354,46 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
         needed.tests[name] = lambda c, n=name, v=value: getattr(c, n) == v
 
 
+def _far_below_zero(case: Any) -> bool:
+    """Whether some head of ``case`` has every logit far below zero (``FAR_BELOW_LSE2``), by the oracle on the
+    CPU; False for a case too large to solve there."""
+    if case is None or sum(case.lengths) > DERIVED_TOKENS:
+        return False
+    return _far_below_in(case, case.shape.name)
+
+
+@functools.lru_cache(maxsize=512)
+def _far_below_in(case: Any, definition: str) -> bool:
+    from ..cases import build, unobserved, using_definition
+    from ..checks import oracle_of
+
+    with using_definition(case.shape), unobserved():
+        reference = oracle_of(build(case, "cpu", observe=False))
+    return bool((reference.lse < FAR_BELOW_LSE2).any())
+
+
+def _fold_into_far_below(case: Any, needed: _Needed, words_of: dict[str, list[str]]) -> None:
+    """Where the logit fields a failure needs put a head far below zero, that is its one need: one defect (a
+    finite sentinel) reached through wide values, large logits at a scale > 1 or one seed's draw is one cause."""
+    fields = [name for name in LOGIT_FIELDS if name in needed.tests]
+    if not fields or not _far_below_zero(case):
+        return
+    if case.lengths == DEFAULTS["lengths"] and "lengths" in needed.tests:  # a longer draw's other logits passed
+        fields.append("lengths")
+    for name in fields:
+        del needed.tests[name]
+        needed.words = [words for words in needed.words if words not in words_of.get(name, [])]
+    needed.words.append(FAR_BELOW_WORDS)
+    needed.tests["logits"] = _far_below_zero
+
+
+def _needed_fields(needed: _Needed) -> list[str]:
+    """The case fields a cause's needs are about (the derived "logits" need: every field that sets them)."""
+    return [name for key in needed.tests for name in (LOGIT_FIELDS if key == "logits" else (key,))]
+
+
 def _toward_defaults(case: Any, needed: _Needed) -> Any:
-    return replace(case, **{name: DEFAULTS[name] for name in needed.tests})
+    return replace(case, **{name: DEFAULTS[name] for name in _needed_fields(needed)})
 
 
 def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str | None:
@@ -357,7 +408,7 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
                                                                    else "")
     if needed.tests and prober.fails(other.prop, _toward_defaults(other.case, needed), other.draws, other.knobs) \
             is False and prober.fails(other.prop, other.case, other.draws, other.knobs):
-        return f"its own case passes once {', '.join(needed.tests)} go to the default"
+        return f"its own case passes once {', '.join(_needed_fields(needed))} go to the default"
     return None
 
 
