@@ -73,7 +73,7 @@ LONGER = (3, BLOCK + 2)  # lengths tried when a one-token failure may not need i
 FAR_BELOW_LSE2 = -1.0e4
 FAR_BELOW_WORDS = "a head whose every logit is far below zero (its LSE < -10^4)"
 LOGIT_FIELDS = ("values", "scale", "seed")  # what sets the logits; a need of theirs may be the derived one above
-DERIVED_TOKENS = 1 << 16  # a case the derived test builds and solves on the CPU has at most these tokens
+DERIVED_TOKENS = 1 << 16  # a case the derived test builds and solves on the CPU: at most these tokens and slots
 FREE_WORDS = {"lengths": "any length", "scale": "any scale"}  # a field shown not to matter, in words
 
 
@@ -356,8 +356,8 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
 
 def _far_below_zero(case: Any) -> bool:
     """Whether some head of ``case`` has every logit far below zero (``FAR_BELOW_LSE2``), by the oracle on the
-    CPU; False for a case too large to solve there."""
-    if case is None or sum(case.lengths) > DERIVED_TOKENS:
+    CPU; False for a case too large to build there (its tokens or its pool: a huge pool is gigabytes)."""
+    if case is None or max(sum(case.lengths), _pool_pages(case) * case.shape.page_size) > DERIVED_TOKENS:
         return False
     return _far_below_in(case, case.shape.name)
 
