@@ -1,5 +1,5 @@
 """Does a CUDA tensor shared with a child process that dies stay allocated in the parent, and does releasing the
-child's IPC reference counter (``UntypedStorage._release_ipc_counter``) after its death free it?
+child's IPC reference counters after its death (``isolated_impl._release_shares``, what isolation does) free it?
 
     python benchmarks/ipc_leak_probe.py [--gib 4]
 
@@ -9,12 +9,16 @@ Prints one table row per case: the parent's reserved memory after the child died
 from __future__ import annotations
 
 import argparse
-import io
-import multiprocessing.reduction
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.multiprocessing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from properties._plugin.isolated_impl import _dumps, _release_shares  # noqa: E402 - after the path
 
 
 def _child(connection) -> None:
@@ -30,27 +34,14 @@ def _one(gib: float, release: bool) -> tuple[float, float]:
     process = context.Process(target=_child, args=(theirs,))
     process.start()
     tensor = torch.ones(int(gib * 2**30) // 2, dtype=torch.bfloat16, device="cuda")
-    counters = []
-    pickler_class = multiprocessing.reduction.ForkingPickler
-
-    class Recording(pickler_class):  # records each CUDA storage's reference counter as it is pickled
-        def reducer_override(self, obj):
-            if isinstance(obj, torch.Tensor) and obj.is_cuda:
-                rebuild, args = torch.multiprocessing.reductions.reduce_tensor(obj)
-                counters.append((args[11], args[12], obj.device))
-                return rebuild, args
-            return NotImplemented
-
-    buffer = io.BytesIO()
-    Recording(buffer).dump(tensor)
-    ours.send_bytes(buffer.getvalue())
+    shares: list = []
+    ours.send_bytes(_dumps(tensor, shares))  # pickled as isolation sends a call, its counters recorded
     ours.recv()
     ours.send("die")
     process.join(10)
     del tensor
     if release:
-        for handle, offset, device in counters:
-            torch.UntypedStorage._release_ipc_counter(handle, offset, device=device)
+        _release_shares(shares)
     torch.cuda.ipc_collect()
     torch.cuda.empty_cache()
     return torch.cuda.memory_reserved() / 2**30, torch.cuda.mem_get_info()[0] / 2**30

@@ -366,7 +366,7 @@ def _far_below_zero(case: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=512)
-def _far_below_in(case: Any, definition: str) -> bool:
+def _far_below_in(case: Any, definition: str) -> bool:  # ``definition``: the key a case of None's resolves to
     from ..cases import build, unobserved, using_definition
     from ..checks import oracle_of
 

@@ -336,10 +336,8 @@ class Child:
         child; its result, in tensors the parent owns (originals in ``received``). ``args=None`` only binds."""
         copies: dict = {}
         message = ("call", definition, copied(args, copies, "cpu"), copied(kwargs, copies, "cpu"), _ambient())
-        data = _dumps(message, self.unreleased)
-        del message
         try:
-            self.connection.send_bytes(data)
+            self.connection.send_bytes(_dumps(message, self.unreleased))
         except (BrokenPipeError, ConnectionError, EOFError) as error:
             raise self._died("before the call reached it") from error
         deadline = call_deadline(args or (), kwargs or {}) * (SANITIZED_SLOWDOWN if self.sanitizer_log else 1.0)
