@@ -8,7 +8,8 @@ Usage (from the repository root, where pip can reach the package index)::
 The result, ``.carry/sglang/`` (git-ignored, about 264 KB), is a folder to put on ``PYTHONPATH``
 (``FAMILY=1 bash benchmarks/gpu_session.sh reach`` does): the package's ``__init__`` files down to the
 kernel module, the kernel module itself (``sglang/kernels/ops/attention/decode_attention.py``), the one
-module it imports from its own folder (``score_mod.py``) and ``sglang/srt/environ.py``.
+module it imports from its own folder (``score_mod.py``), ``sglang/srt/environ.py`` and the wheel's
+``METADATA`` (so that ``importlib.metadata.version('sglang')`` answers).
 ``adapters/sglang_decode.py`` then loads the kernel file as it does from an installed wheel (stubbing
 ``sglang.srt.utils``); nothing of SGLang's server is carried or imported.
 """
@@ -48,9 +49,10 @@ def build(wheel: Path, out: Path) -> int:
         if missing:
             raise SystemExit(f"{wheel.name} has no {', '.join(missing)}: adapters/sglang_decode.py names the "
                              "module paths it knows")
-        for name in FILES:
+        metadata = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        for name in (*FILES, *metadata):  # the metadata lets importlib.metadata report the version
             archive.extract(name, out)
-    return sum((out / name).stat().st_size for name in FILES)
+    return sum((out / name).stat().st_size for name in (*FILES, *metadata))
 
 
 def main(argv: list[str] | None = None) -> int:

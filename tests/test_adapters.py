@@ -183,3 +183,21 @@ def test_the_sglang_carry_is_the_kernel_files_alone(tmp_path):
     out = tmp_path / "carry"
     assert sglang_package.build(wheel, out) > 0
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.py")) == sorted(sglang_package.FILES)
+
+
+def test_the_sglang_carry_keeps_the_wheel_metadata_for_its_version(tmp_path):
+    """The carry holds the wheel's METADATA, so importlib.metadata reports the version (docs/upstream prints it)."""
+    import importlib.metadata
+    import zipfile
+
+    from adapters import sglang_package
+
+    wheel = tmp_path / "sglang-9.8.7-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in sglang_package.FILES:
+            archive.writestr(name, f"# {name}\n")
+        archive.writestr("sglang-9.8.7.dist-info/METADATA", "Metadata-Version: 2.1\nName: sglang\nVersion: 9.8.7\n")
+    out = tmp_path / "carry"
+    sglang_package.build(wheel, out)
+    found = [d for d in importlib.metadata.distributions(path=[str(out)]) if d.metadata["Name"] == "sglang"]
+    assert [d.version for d in found] == ["9.8.7"]

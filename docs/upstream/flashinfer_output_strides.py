@@ -74,4 +74,12 @@ if __name__ == "__main__":
     sys.exit(main())
 
 # ---- H200 output ----------------------------------------------------------------------------------------------
-# (pasted after the H200 run)
+# 2026-12-03, one NVIDIA H200 (driver image: torch 2.11, CUDA 13.0): `python3 flashinfer_output_strides.py`, exit status 1
+#
+# torch 2.11.0+cu130, CUDA 13.0, flashinfer 0.3.1, GPU NVIDIA H200
+# q: shape (2, 32, 128), strides (128, 256, 1) (dense, heads outer); 2 sequences of 1 token, 32 q heads / 4 KV heads, D=128
+# q.contiguous() (control): out.stride()=(4096, 128, 1), 0 of 8192 elements differ from the expected
+# q as given, out allocated by run: out.stride()=(128, 256, 1), 7160 of 8192 elements differ from the expected
+# q as given, out= a heads-outer tensor: out.stride()=(128, 256, 1), 7160 of 8192 elements differ from the expected
+# out's memory read as a contiguous [batch, heads, dim] tensor equals the expected: True
+# DEFECT: the output lands in the wrong elements when it is not contiguous

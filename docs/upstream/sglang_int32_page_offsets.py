@@ -137,4 +137,13 @@ if __name__ == "__main__":
     sys.exit(crash_case() if sys.argv[1:] == ["--case-1"] else main())
 
 # ---- H200 output ----------------------------------------------------------------------------------------------
-# (pasted after the H200 run)
+# 2026-12-03, one NVIDIA H200 (driver image: torch 2.11, CUDA 13.0): `python3 sglang_int32_page_offsets.py`, exit status 1
+#
+# torch 2.11.0+cu130, CUDA 13.0, sglang 0.5.23, triton 3.6.0, GPU NVIDIA H200
+# one sequence of 1 token, 32 q heads / 4 KV heads, D=128, page size 1, bf16
+# case 1: slot 2^22 = 4194304 in a pool of 2^22 + 1 slots, int32 kv_indices (in a child process)
+#   child exit status 1; RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered
+# case 2: slot 2^23 = 8388608 in a pool of 2^23 + 1 slots
+#   kv_indices torch.int64: max |out - expected| 0; output right
+#   kv_indices torch.int32: max |out - expected| 5.02; output WRONG (it is slot 0 V row)
+# DEFECT: int32 kv_indices from slot 2^31 / (KV heads * head dim) on: an illegal memory access and slot 0 read instead

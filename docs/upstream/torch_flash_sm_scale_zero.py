@@ -3,8 +3,9 @@
 With ``scale=0`` every logit is 0 and the softmax is uniform: the output is the mean of the V rows and the
 natural-log LSE is log(number of keys). The math and memory-efficient backends return that; the
 FlashAttention-2 backend returns NaN when the key length does not fill its key tile, consistent with the
-masked slots of a tile (-inf) being multiplied by the scale (-inf * 0 = NaN). Our reading of the numbers
-below, not of the kernel's source.
+masked slots of a tile (-inf) being multiplied by the scale (-inf * 0 = NaN): on the H200 the lengths that
+fill their tiles (64, 128, 256) are right, the others NaN, and at 129 keys the LSE is log(128), the last tile
+missing from it. Our reading of the numbers below, not of the kernel's source.
 
 Input: batch 1, 32 heads, one query token, head dim 128, bf16, keys of length 1 (the minimal case found),
 then 2, 64, 127, 128, 129 and 256 to show which lengths fail.
@@ -78,4 +79,15 @@ if __name__ == "__main__":
     sys.exit(main())
 
 # ---- H200 output ----------------------------------------------------------------------------------------------
-# (pasted after the H200 run)
+# 2026-12-03, one NVIDIA H200 (driver image: torch 2.11, CUDA 13.0): `python3 torch_flash_sm_scale_zero.py`, exit status 1
+#
+# torch 2.11.0+cu130, CUDA 13.0, cuDNN 91900, GPU NVIDIA H200
+# batch 1, 32 heads, 1 query token, D=128, bf16, scale=0.0; keys of length L
+# L=   1: flash  4096 NaN, max|err| inf      WRONG | flash LSE: inf (expected 0.00000, max|err| 1.8e+308) | math     0 NaN, max|err| 0        ok | efficient     0 NaN, max|err| 0        ok
+# L=   2: flash  4096 NaN, max|err| inf      WRONG | flash LSE: inf (expected 0.69315, max|err| 1.8e+308) | math     0 NaN, max|err| 0.00781  ok | efficient     0 NaN, max|err| 0.00781  ok
+# L=  64: flash     0 NaN, max|err| 0.000977 ok | flash LSE: 4.158883094787598 (expected 4.15888, max|err| 1.14e-08) | math     0 NaN, max|err| 0.000977 ok | efficient     0 NaN, max|err| 0.000977 ok
+# L= 127: flash  4096 NaN, max|err| inf      WRONG | flash LSE: inf (expected 4.84419, max|err| 1.8e+308) | math     0 NaN, max|err| 0.000941 ok | efficient     0 NaN, max|err| 0.000941 ok
+# L= 128: flash     0 NaN, max|err| 0.000943 ok | flash LSE: 4.852030277252197 (expected 4.85203, max|err| 1.33e-08) | math     0 NaN, max|err| 0.000943 ok | efficient     0 NaN, max|err| 0.000943 ok
+# L= 129: flash  4096 NaN, max|err| inf      WRONG | flash LSE: 4.852030277252197 (expected 4.85981, max|err| 0.00778) | math     0 NaN, max|err| 0.000766 ok | efficient     0 NaN, max|err| 0.000766 ok
+# L= 256: flash     0 NaN, max|err| 0.000482 ok | flash LSE: 5.545177459716797 (expected 5.54518, max|err| 1.52e-08) | math     0 NaN, max|err| 0.000482 ok | efficient     0 NaN, max|err| 0.000482 ok
+# DEFECT: FlashAttention-2 wrong at scale 0 for 4 of 7 key lengths
