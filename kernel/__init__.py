@@ -1,6 +1,8 @@
 """The kernel under test: ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)``, the seed
 definition's, and ``for_definition(definition)``, the kernel of any definition of the GQA paged-decode
-family (also ``run.for_definition``); ``validate``, ``run``'s input checks alone.
+family (also ``run.for_definition``), and of any causal prefill definition, paged or ragged;
+``for_prefill(num_qo_heads, num_kv_heads, head_dim, page_size, ragged)``, the prefill kernel of those
+constants; ``validate``, ``run``'s input checks alone.
 
 Runs on CUDA tensors natively, and on CPU tensors in Triton's interpreter when
 ``TRITON_INTERPRET=1`` is set before this package is imported.
@@ -21,6 +23,7 @@ from ._launch import (  # noqa: E402
     run,
     validate,
 )
+from ._prefill_launch import for_prefill  # noqa: E402
 
 __all__ = ["BLOCK_N", "DEFAULT_SM_SCALE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_QO_HEADS", "PAGE_SIZE", "for_definition",
-           "run", "validate"]
+           "for_prefill", "run", "validate"]

@@ -141,38 +141,60 @@ def _check_last_pages(facts: list[int], page_size: int, batch: int) -> None:
                          f"must hold 1..{page_size} tokens")
 
 
-def _check_indices(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_pages: int,
-                   kv_last_page_len: torch.Tensor | None = None, page_size: int = 1) -> None:
-    """Index invariants, read back with one device sync."""
+def _reduced(values: torch.Tensor, reduce, zero: torch.Tensor) -> torch.Tensor:
+    """``reduce(values)`` as int64, or ``zero`` for an empty tensor."""
+    return reduce(values).to(torch.int64) if values.numel() else zero
+
+
+def _indptr_facts(indptr: torch.Tensor, zero: torch.Tensor) -> list[torch.Tensor]:
+    """indptr[0], indptr[-1] and its smallest step, on the device (the caller reads them back)."""
+    steps = indptr[1:] - indptr[:-1]
+    return [indptr[0].to(torch.int64), indptr[-1].to(torch.int64), _reduced(steps, torch.min, zero)]
+
+
+def _check_indptr(name: str, facts: list[int], length: int, length_name: str) -> None:
+    """``_indptr_facts`` read back: starts at 0, never decreases, ends at ``length`` (``length_name``'s)."""
+    first, last, min_step = facts
+    if first != 0:
+        raise ValueError(f"{name} must start at 0, got {name}[0]={first}")
+    if min_step < 0:
+        raise ValueError(f"{name} must be non-decreasing")
+    if last != length:
+        raise ValueError(f"{name}[-1]={last} must equal {length_name} ({length})")
+
+
+def _page_facts(kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                kv_last_page_len: torch.Tensor | None) -> list[torch.Tensor]:
+    """What ``_check_page_facts`` checks, on the device: kv_indptr's facts, the page ids' range, the last pages'."""
     zero = torch.zeros((), dtype=torch.int64, device=kv_indptr.device)
 
     def extreme(values: torch.Tensor, reduce) -> torch.Tensor:
-        return reduce(values).to(torch.int64) if values.numel() else zero
+        return _reduced(values, reduce, zero)
 
-    steps = kv_indptr[1:] - kv_indptr[:-1]
-    facts = [
-        kv_indptr[0].to(torch.int64),
-        kv_indptr[-1].to(torch.int64),
-        extreme(steps, torch.min),
-        extreme(kv_indices, torch.min),
-        extreme(kv_indices, torch.max),
-    ]
+    facts = [*_indptr_facts(kv_indptr, zero), extreme(kv_indices, torch.min), extreme(kv_indices, torch.max)]
     if kv_last_page_len is not None:
-        facts += _last_page_facts(steps, kv_last_page_len, extreme)
-    facts = torch.stack(facts).tolist()
-    first, last, min_step, min_page, max_page = facts[:5]
-    if first != 0:
-        raise ValueError(f"kv_indptr must start at 0, got kv_indptr[0]={first}")
-    if min_step < 0:
-        raise ValueError("kv_indptr must be non-decreasing")
-    if last != kv_indices.shape[0]:
-        raise ValueError(f"kv_indptr[-1]={last} must equal the length of kv_indices ({kv_indices.shape[0]})")
+        facts += _last_page_facts(kv_indptr[1:] - kv_indptr[:-1], kv_last_page_len, extreme)
+    return facts
+
+
+def _check_page_facts(facts: list[int], kv_indices: torch.Tensor, num_pages: int,
+                      kv_last_page_len: torch.Tensor | None, page_size: int) -> None:
+    """``_page_facts`` read back; ValueError naming the argument that breaks an invariant."""
+    _check_indptr("kv_indptr", facts[:3], kv_indices.shape[0], "the length of kv_indices")
+    min_page, max_page = facts[3:5]
     if kv_indices.numel() and (min_page < 0 or max_page >= num_pages):
         raise ValueError(
             f"kv_indices must lie in [0, {num_pages}) (the page pool), got values in [{min_page}, {max_page}]"
         )
     if kv_last_page_len is not None:
         _check_last_pages(facts[5:], page_size, kv_last_page_len.shape[0])
+
+
+def _check_indices(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_pages: int,
+                   kv_last_page_len: torch.Tensor | None = None, page_size: int = 1) -> None:
+    """Index invariants, read back with one device sync."""
+    facts = torch.stack(_page_facts(kv_indptr, kv_indices, kv_last_page_len)).tolist()
+    _check_page_facts(facts, kv_indices, num_pages, kv_last_page_len, page_size)
 
 
 def _check_scale(sm_scale, default: float) -> float:
@@ -338,7 +360,13 @@ def for_definition(definition) -> Callable:
     Page size 1: ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)``; larger pages:
     ``run(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale=None)``.
     Raises ValueError naming the definition when the kernel cannot compile its shape.
+
+    A causal prefill definition (``op_type``, or its name, says so) gets ``for_prefill``'s kernel instead.
     """
+    from ._prefill_launch import for_prefill_definition, prefill_kind  # it imports this module's checks
+
+    if prefill_kind(definition):
+        return for_prefill_definition(definition)
     shape = kernel_shape(definition)
     served = _served.get(shape.constants)
     if served is None:
