@@ -128,7 +128,7 @@ default_as_served = _entry("default_as_served", ("empty_sequences", "input_valid
 def _smoke() -> int:
     """Compile both kernels and check one small call per page size against the definition's float32 reference."""
     from adapters._paged import example_call, reference_of
-    from reference import definitions
+    from gqa_decode_fuzz.reference import definitions
 
     failures = 0
     for name in ("gqa_paged_decode_h32_kv4_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps64"):

@@ -19,6 +19,6 @@ for solution in "$DIR"/gqa_paged_decode_*.json; do
   for case_file in "$failures"/*.pt; do
     [ -e "$case_file" ] || continue
     echo "-- replay $case_file" >>"$OUT/summary.txt"
-    python3 -m properties.repro "$case_file" --no-png 2>&1 | head -n 40 >>"$OUT/summary.txt"
+    python3 -m gqa_decode_fuzz.record.repro "$case_file" --no-png 2>&1 | head -n 40 >>"$OUT/summary.txt"
   done
 done

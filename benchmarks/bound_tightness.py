@@ -82,7 +82,7 @@ def random_scale(rng: random.Random) -> float | None:
 
 def random_case(rng: random.Random, regimes: list[str], max_len: int, max_batch: int):
     """One DecodeCase; the regime cycles so every regime gets its share."""
-    from properties.cases import DecodeCase
+    from gqa_decode_fuzz.generation.cases import DecodeCase
 
     lengths = tuple(random_length(rng, max_len) for _ in range(rng.randint(1, max_batch)))
     return DecodeCase(
@@ -93,7 +93,7 @@ def random_case(rng: random.Random, regimes: list[str], max_len: int, max_batch:
 
 def worst_ratios(output, lse, reference) -> tuple[float, float]:
     """The case's worst err/bound for output and LSE, as the property suite's comparison computes them."""
-    from reference import check_against_reference
+    from gqa_decode_fuzz.reference import check_against_reference
 
     output_check, lse_check = check_against_reference(output, lse, reference)
     return output_check.worst_ratio, lse_check.worst_ratio
@@ -143,9 +143,9 @@ def report(results: list[dict]) -> None:
 
 def run_cases(args: argparse.Namespace, device: torch.device, writer) -> list[dict]:
     """Run the implementation and the oracle on ``args.examples`` random cases; one result row per case."""
-    from properties._plugin.target import load_impl
-    from properties.cases import VALUE_REGIMES, build
-    from reference import attend
+    from gqa_decode_fuzz.engine.target import load_impl
+    from gqa_decode_fuzz.generation.cases import VALUE_REGIMES, build
+    from gqa_decode_fuzz.reference import attend
 
     impl = load_impl(args.impl, root=ROOT)
     rng, regimes, results, start = random.Random(args.seed), list(VALUE_REGIMES), [], time.perf_counter()
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarize:
         report(read_results(args.summarize))
         return 0
-    from properties._plugin.target import DeviceError, resolve_device
+    from gqa_decode_fuzz.engine.target import DeviceError, resolve_device
 
     try:
         device = resolve_device(args.device)  # before any Triton kernel is imported

@@ -58,7 +58,7 @@ step() {  # step NAME SECONDS COMMAND...: run, keep the last lines, record the e
 case_file_errors() {  # case_file_errors FILE...: each case file's case and error, in its own words, to case_files.txt
   for case_file in "$@"; do
     [ -e "$case_file" ] || continue  # an unmatched glob
-    python3 -c 'import sys; from properties._plugin import casefiles
+    python3 -c 'import sys; from gqa_decode_fuzz.record import casefiles
 p = casefiles.load_case(sys.argv[1]); print("--", sys.argv[1], "| case:", p.get("case_repr")); print(p.get("error", ""))' \
       "$case_file" 2>&1 | head -c 4000 >>"$OUT/case_files.txt"
   done
@@ -174,7 +174,7 @@ isolation)
     { echo "#### $report"; head -n 80 "$report" | cut -c1-400; } >>"$OUT/verdicts.md"
   done
   for case_file in $(ls failures/*.pt 2>/dev/null | head -n 2); do
-    { echo "-- replay $case_file"; timeout 30 python3 -m properties.repro "$case_file" --no-png 2>&1 | tail -n 15; } \
+    { echo "-- replay $case_file"; timeout 30 python3 -m gqa_decode_fuzz.record.repro "$case_file" --no-png 2>&1 | tail -n 15; } \
       >>"$OUT/replays.txt"
   done
   step test_isolation 180 "${PYTEST[@]}" tests/test_isolation.py -n 8 -q
@@ -303,7 +303,7 @@ verdicts)
       grep -E '\| (FAILED|CRASHED|error) \|' "$report" | cut -c1-400; } >>"$OUT/verdicts.md"
   done
   for case_file in $(ls failures-*/*.pt 2>/dev/null | head -n "${REPLAYS:-4}"); do  # replays on the GPU
-    { echo "-- replay $case_file"; timeout 20 python3 -m properties.repro "$case_file" --no-png 2>&1 | head -n 30; } \
+    { echo "-- replay $case_file"; timeout 20 python3 -m gqa_decode_fuzz.record.repro "$case_file" --no-png 2>&1 | head -n 30; } \
       >>"$OUT/replays.txt"
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log

@@ -18,7 +18,7 @@ import torch.multiprocessing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from properties._plugin.isolated_impl import _dumps, _release_shares  # noqa: E402 - after the path
+from gqa_decode_fuzz.engine.isolated_impl import _dumps, _release_shares  # noqa: E402 - after the path
 
 
 def _child(connection) -> None:

@@ -22,8 +22,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from properties.cases import DecodeCase, build  # noqa: E402
-from reference.definitions import SEED, select  # noqa: E402
+from gqa_decode_fuzz.generation.cases import DecodeCase, build  # noqa: E402
+from gqa_decode_fuzz.reference.definitions import SEED, select  # noqa: E402
 
 SHAPES = ((1, 512), (16, 1024), (64, 1024), (64, 4096))  # (batch, tokens per sequence)
 

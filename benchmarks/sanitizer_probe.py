@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from properties._plugin.isolated_impl import Child, Launch  # noqa: E402
-from properties.cases import DecodeCase, build  # noqa: E402
+from gqa_decode_fuzz.engine.isolated_impl import Child, Launch  # noqa: E402
+from gqa_decode_fuzz.generation.cases import DecodeCase, build  # noqa: E402
 
 
 def _one_call(child: Child, lengths: tuple[int, ...]) -> None:

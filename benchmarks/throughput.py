@@ -65,7 +65,7 @@ from statistics import median
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-from properties import stages  # noqa: E402 - after the path; imports neither torch nor triton
+from gqa_decode_fuzz.generation import stages  # noqa: E402 - after the path; imports neither torch nor triton
 
 STAGES = ("generation", *stages.STAGES)
 
@@ -81,9 +81,9 @@ def measure_stages(device, impl, limits, examples: int, clock: stages.StageClock
     import torch
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from properties.cases import build
-    from properties.checks import run_and_check
-    from properties.strategies import decode_cases
+    from gqa_decode_fuzz.generation.cases import build
+    from gqa_decode_fuzz.generation.strategies import decode_cases
+    from gqa_decode_fuzz.properties.checks import run_and_check
 
     if clock is None:
         clock = stages.StageClock(every=1, synchronize=torch.cuda.synchronize if device.type == "cuda" else None)
@@ -125,8 +125,8 @@ def _warmed_up(options, device_type: str):
     os.environ.setdefault("TRITON_INTERPRET", "1" if device_type == "cpu" else "0")
     import torch
 
-    from properties._plugin.profiles import CASE_SIZES
-    from properties._plugin.target import load_impl
+    from gqa_decode_fuzz.engine.target import load_impl
+    from gqa_decode_fuzz.runner.profiles import CASE_SIZES
 
     device = torch.device(device_type)
     impl = load_impl(options.impl, root=ROOT)

@@ -1,18 +1,5 @@
-"""The property suite: claims about any implementation of the decode contract, and their vocabulary.
+"""The properties: claims about any implementation of the contract, one test file per theme.
 
-``cases`` (descriptors and the builder), ``strategies``, ``checks`` and ``transforms``
-are what the ``test_*.py`` claims are written in; ``_plugin`` is the pytest plugin that
-runs them; ``repro`` replays a saved failure (``python -m properties.repro FILE``).
+Each ``test_*.py`` property declares its claim beside it (``@claims.claim(...)``, ``claims.py``); ``checks.py`` holds
+the assertions the claims are written in. Cases come from ``generation``; the plugin in ``runner`` runs them.
 """
-
-import importlib
-from types import ModuleType
-
-# "" in a checkout, where kernel/ and reference/ are top-level packages; "gqa_decode_fuzz" when
-# installed, where they live beside this package under one namespace (no clash with other projects).
-NAMESPACE = __name__.rpartition(".")[0]
-
-
-def sibling(name: str) -> ModuleType:
-    """Import one of the suite's sibling packages (``reference``, ``kernel``) wherever it is installed."""
-    return importlib.import_module(f"{NAMESPACE}.{name}" if NAMESPACE else name)

@@ -11,16 +11,15 @@ from typing import NamedTuple
 import torch
 from hypothesis import note, settings, target
 
-from . import sibling
-from .cases import DecodeInputs, host_values
-from .stages import timed
-from .strategies import SizeLimits
+from gqa_decode_fuzz import reference
+from gqa_decode_fuzz.generation.cases import DecodeInputs, host_values
+from gqa_decode_fuzz.generation.stages import timed
+from gqa_decode_fuzz.generation.strategies import SizeLimits
+from gqa_decode_fuzz.reference import compare as _compare
 
-reference = sibling("reference")
 Reference = reference.Reference
 attend = timed("oracle", reference.attend)
 assert_within_bound = timed("checks", reference.assert_within_bound)
-_compare = sibling("reference.compare")
 
 
 def share_of_examples(fraction: float, *, at_least: int = 5) -> settings:

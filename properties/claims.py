@@ -28,7 +28,18 @@ from hypothesis import assume, note
 from hypothesis.control import currently_in_test_context
 from hypothesis.errors import UnsatisfiedAssumption
 
-from .cases import POOL_FILLS, DecodeCase, build, note_claim
+from gqa_decode_fuzz.generation.cases import POOL_FILLS, DecodeCase, build, note_claim
+from gqa_decode_fuzz.generation.corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
+from gqa_decode_fuzz.generation.transforms import (
+    copy_queries_within_groups,
+    poison_page,
+    reference_rows,
+    relabel_pages,
+    result_rows,
+    sequences_reading,
+    single_sequence,
+)
+
 from .checks import (
     Checked,
     assert_equivalent,
@@ -40,16 +51,6 @@ from .checks import (
     poisoned_allocations,
     run_and_check,
     snapshot,
-)
-from .corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
-from .transforms import (
-    copy_queries_within_groups,
-    poison_page,
-    reference_rows,
-    relabel_pages,
-    result_rows,
-    sequences_reading,
-    single_sequence,
 )
 
 Claim = Callable[..., Any]  # (impl, case, device, contract, **draws)

@@ -26,10 +26,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
+from gqa_decode_fuzz.generation.cases import DecodeCase
+from gqa_decode_fuzz.generation.corruptions import CORRUPTIONS, LIMITS, corruptions
+from gqa_decode_fuzz.generation.strategies import decode_cases
+
 from . import claims
-from .cases import DecodeCase
-from .corruptions import CORRUPTIONS, LIMITS, corruptions
-from .strategies import decode_cases
 
 pytestmark = pytest.mark.input_validation
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given
 
+from gqa_decode_fuzz.generation.strategies import decode_cases
+from gqa_decode_fuzz.runner.plugin import current_run
+
 from . import claims
-from ._plugin.plugin import current_run
 from .checks import steer_toward_the_bound
-from .strategies import decode_cases
 
 LIMITS = current_run().limits
 

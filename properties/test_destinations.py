@@ -17,12 +17,13 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from gqa_decode_fuzz.engine.destinations import DESTINATION_LAYOUTS
+from gqa_decode_fuzz.generation.cases import DecodeCase
+from gqa_decode_fuzz.generation.strategies import decode_cases
+from gqa_decode_fuzz.runner.plugin import current_run
+
 from . import claims
-from ._plugin.destinations import DESTINATION_LAYOUTS
-from ._plugin.plugin import current_run
-from .cases import DecodeCase
 from .checks import share_of_examples, shorter
-from .strategies import decode_cases
 
 pytestmark = pytest.mark.destination_passing
 LIMITS = shorter(current_run().limits)

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from gqa_decode_fuzz.generation.cases import DecodeCase
+from gqa_decode_fuzz.generation.strategies import block_edge_lengths, decode_cases
+from gqa_decode_fuzz.runner.plugin import current_run
+
 from . import claims
-from ._plugin.plugin import current_run
-from .cases import DecodeCase
 from .checks import share_of_examples
-from .strategies import block_edge_lengths, decode_cases
 
 LIMITS = current_run().limits
 LONG_CONTEXT = 128 * 1024

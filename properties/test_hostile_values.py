@@ -12,11 +12,12 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from gqa_decode_fuzz.generation.cases import HOSTILE_REGIMES, KV_LAYOUTS, POOL_FILLS, DecodeCase
+from gqa_decode_fuzz.generation.strategies import decode_cases, hostile_scales
+from gqa_decode_fuzz.runner.plugin import current_run
+
 from . import claims
-from ._plugin.plugin import current_run
-from .cases import HOSTILE_REGIMES, KV_LAYOUTS, POOL_FILLS, DecodeCase
 from .checks import share_of_examples, shorter
-from .strategies import decode_cases, hostile_scales
 
 LIMITS = current_run().limits
 SHORT = shorter(LIMITS)

@@ -19,9 +19,10 @@ from dataclasses import replace
 import pytest
 from hypothesis import example, given, note
 
-from .cases import DecodeCase, active_definition, build, definitions
+from gqa_decode_fuzz.generation.cases import DecodeCase, active_definition, build, definitions
+from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases
+
 from .checks import run_and_check, share_of_examples
-from .strategies import SizeLimits, decode_cases
 
 PAGE_ID_LIMIT = 2**22  # page ids from here on overflow an int32 page_id * 512
 HUGE = SizeLimits(max_batch=4, max_len=1024, max_spare_pages=2**23)

@@ -11,11 +11,12 @@ from dataclasses import replace
 import pytest
 from hypothesis import example, given
 
+from gqa_decode_fuzz.generation.cases import INDEX_LAYOUTS, KV_LAYOUTS, Q_LAYOUTS, DecodeCase
+from gqa_decode_fuzz.generation.strategies import decode_cases
+from gqa_decode_fuzz.runner.plugin import current_run
+
 from . import claims
-from ._plugin.plugin import current_run
-from .cases import INDEX_LAYOUTS, KV_LAYOUTS, Q_LAYOUTS, DecodeCase
 from .checks import share_of_examples, shorter
-from .strategies import decode_cases
 
 LIMITS = shorter(current_run().limits)
 ARGUMENTS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")

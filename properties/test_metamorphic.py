@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gqa_decode_fuzz.generation.cases import KV_LAYOUTS, Q_LAYOUTS
+from gqa_decode_fuzz.generation.strategies import decode_cases
+from gqa_decode_fuzz.runner.plugin import current_run
+
 from . import claims
-from ._plugin.plugin import current_run
-from .cases import KV_LAYOUTS, Q_LAYOUTS
 from .checks import share_of_examples, shorter
-from .strategies import decode_cases
 
 LIMITS = current_run().limits
 SHORT = shorter(LIMITS)

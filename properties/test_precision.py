@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases
+
 from . import claims
 from .checks import steer_toward_the_bound
-from .strategies import SizeLimits, decode_cases
 
 # Where a dropped token (weight ~1/L) still clears the bound with margin, and the
 # interpreter runs a case in a few seconds.

@@ -4,8 +4,8 @@ and a passing one after them, so the last case built is not the failure Hypothes
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from properties.cases import DecodeCase, build
-from properties.checks import run_and_check
+from gqa_decode_fuzz.generation.cases import DecodeCase, build
+from gqa_decode_fuzz.properties.checks import run_and_check
 
 
 @example(length=3)

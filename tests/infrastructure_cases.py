@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from properties.cases import DecodeCase, build
+from gqa_decode_fuzz.generation.cases import DecodeCase, build
 
 
 @given(case=st.just(DecodeCase(lengths=(1,), spare_pages=2**46)))  # a pool of 2**46 pages: 64 PB of K and V

@@ -6,8 +6,8 @@ case passes when replayed alone; the second's case faults again.
 
 from hypothesis import given, settings
 
-from properties.cases import build
-from properties.strategies import SizeLimits, decode_cases
+from gqa_decode_fuzz.generation.cases import build
+from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases
 
 SMALL = SizeLimits(max_batch=3, max_len=12, max_spare_pages=4)
 

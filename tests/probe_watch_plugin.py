@@ -4,7 +4,7 @@ root causes starts, it notes whether the run's report.md is already written, in 
 import os
 from pathlib import Path
 
-from properties._plugin import causes
+from gqa_decode_fuzz.record import causes
 
 _find_causes = causes.find_causes
 

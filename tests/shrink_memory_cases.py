@@ -15,9 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties import cases
-from properties.cases import DecodeCase, SuiteOutOfMemory, build
-from properties.checks import run_and_check
+from gqa_decode_fuzz.generation import cases
+from gqa_decode_fuzz.generation.cases import DecodeCase, SuiteOutOfMemory, build
+from gqa_decode_fuzz.properties.checks import run_and_check
 
 POOLS: list[weakref.ref] = []
 PEAK = {"builds": 0, "earlier_pools_alive": 0, "earlier_pool_bytes": 0, "pool_bytes": 0}

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from adapters import _paged, torch_sdpa
-from reference import definitions
+from gqa_decode_fuzz.reference import definitions
 from tests.pytest_runs import clean_environment, run_pytest
 
 needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None,

@@ -7,9 +7,9 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from properties.cases import VALUE_REGIMES, DecodeCase, build
-from reference import attend, check_against_reference
-from reference.bound import (
+from gqa_decode_fuzz.generation.cases import VALUE_REGIMES, DecodeCase, build
+from gqa_decode_fuzz.reference import attend, check_against_reference
+from gqa_decode_fuzz.reference.bound import (
     HOEFFDING_LAMBDA,
     MIN_BLOCK,
     U32,

@@ -8,9 +8,16 @@ import random
 import pytest
 import torch
 
-from properties import cases
-from properties.cases import KV_LAYOUTS, POOL_FILLS, Q_LAYOUTS, VALUE_REGIMES, DecodeCase, build
-from reference.definitions import SEED
+from gqa_decode_fuzz.generation import cases
+from gqa_decode_fuzz.generation.cases import (
+    KV_LAYOUTS,
+    POOL_FILLS,
+    Q_LAYOUTS,
+    VALUE_REGIMES,
+    DecodeCase,
+    build,
+)
+from gqa_decode_fuzz.reference.definitions import SEED
 
 
 def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -202,7 +209,7 @@ _FUSED_DRAWS = [(cases._key(3, 1), 0, 1), (cases._key(5, 1), 17, 1025), (2**32 -
 
 @pytest.mark.parametrize("key, start, count", _FUSED_DRAWS)
 def test_fused_draws_give_the_torch_paths_bits(key, start, count):
-    from properties import _fused_hashes
+    from gqa_decode_fuzz.generation import _fused_hashes
 
     device = _fused_device()
     stream = cases._Stream(key, torch.device("cpu"), cases.definitions.SEED)

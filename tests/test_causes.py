@@ -1,4 +1,4 @@
-"""Root causes: failures grouped by what their minimal cases need, learned by probing (properties/_plugin/causes.py).
+"""Root causes: failures grouped by what their minimal cases need, learned by probing (record/causes.py).
 
 In-process tests drive the experiment with torch implementations on tiny cases; one nested run puts the
 planted one-defect kernel (tests/impls/nonpositive_scale_nan.py) through the suite and reads its summary.
@@ -11,11 +11,11 @@ import os
 import pytest
 import torch
 
-from properties import claims
-from properties._plugin import causes
-from properties._plugin.causes import Budget, Failure, Prober, find_causes
-from properties._plugin.target import in_definition_order
-from properties.cases import DecodeCase, definitions
+from gqa_decode_fuzz.engine.target import in_definition_order
+from gqa_decode_fuzz.generation.cases import DecodeCase, definitions
+from gqa_decode_fuzz.properties import claims
+from gqa_decode_fuzz.record import causes
+from gqa_decode_fuzz.record.causes import Budget, Failure, Prober, find_causes
 from tests.corpus.materialise import seed_on_cpu
 from tests.impls.nonpositive_scale_nan import run as nonpositive_scale_nan
 from tests.impls.torch_float32 import run as torch_float32
@@ -113,8 +113,8 @@ def test_the_budget_bounds_the_probes_and_the_report_says_so():
 
 
 def test_failures_of_run_reads_case_files_and_adds_caseless_failures(tmp_path):
-    from properties._plugin import casefiles
-    from properties.cases import build
+    from gqa_decode_fuzz.generation.cases import build
+    from gqa_decode_fuzz.record import casefiles
 
     recorder = casefiles.Recorder()
     recorder.begin(f"{BOUND}[shard1of2]")
@@ -173,8 +173,8 @@ def test_a_failure_under_another_definition_joins_only_where_its_own_definition_
 def test_an_explicit_example_found_under_another_definition_is_probed_under_it(tmp_path):
     """An explicit example's case names no definition: its case file's definition is written into it, so a family
     run's probe of it builds it for that definition, not the seed's."""
-    from properties._plugin import casefiles
-    from properties.cases import build, using_definition
+    from gqa_decode_fuzz.generation.cases import build, using_definition
+    from gqa_decode_fuzz.record import casefiles
 
     other = definitions.by_name("gqa_paged_decode_h20_kv4_d128_ps64")
     recorder = casefiles.Recorder()
@@ -261,7 +261,8 @@ def test_a_one_defect_kernel_is_one_cause_in_the_summary_and_the_report(tmp_path
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
     assert len(failed) >= 10, output
     assert "gqa-decode: 1 distinct failure (root causes, grouped by probing)" in result.stdout, output
-    assert "1. scale <= 0, any length: " in result.stdout and "replay: python -m properties.repro" in result.stdout
+    assert "1. scale <= 0, any length: " in result.stdout
+    assert "replay: python -m gqa_decode_fuzz.record.repro" in result.stdout
     (report,) = (tmp_path / "reports").glob("*/report.json")
     saved = json.loads(report.read_text())
     assert next(iter(saved)) == "causes"  # report.json leads with them, as report.md does

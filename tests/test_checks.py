@@ -2,7 +2,7 @@
 
 import torch
 
-from properties.checks import poisoned_allocations
+from gqa_decode_fuzz.properties.checks import poisoned_allocations
 
 
 def test_poisoned_allocations_fill_fresh_memory_and_restore_the_settings():

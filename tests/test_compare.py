@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from reference.compare import compare, compare_all
+from gqa_decode_fuzz.reference.compare import compare, compare_all
 
 
 def _triple(values, expected, bound):
@@ -52,7 +52,7 @@ def test_several_comparisons_keep_their_own_verdicts():
 
 def test_an_error_against_a_nan_bound_is_infinitely_over_it():
     """A NaN bound would make err / bound NaN, and NaN > 1 is false: the error would pass unseen."""
-    from reference.compare import error_ratio
+    from gqa_decode_fuzz.reference.compare import error_ratio
 
     err, ratio = error_ratio(torch.tensor([1.0, 2.0, 2.0]), torch.tensor([0.0, 2.0, 0.0], dtype=torch.float64),
                              torch.tensor([math.nan, math.nan, 0.5], dtype=torch.float64))

@@ -10,8 +10,8 @@ isolated implementation's fault is a failure of its example instead (tests/test_
 
 import re
 
-from properties._plugin import casefiles
-from properties._plugin.containment import CudaContextLost, is_sticky_cuda_error
+from gqa_decode_fuzz.engine.containment import CudaContextLost, is_sticky_cuda_error
+from gqa_decode_fuzz.record import casefiles
 from tests.impls.simulated_cuda_fault import MESSAGE
 from tests.pytest_runs import clean_environment, run_pytest
 
@@ -57,7 +57,7 @@ def test_fault_under_xdist_crashes_one_worker_and_the_next_test_runs_in_a_fresh_
     assert "1 failed, 1 passed" in result.stdout, output
     assert "crashed while running 'tests/containment_cases.py::test_first_kernel_faults'" in result.stdout, output
     assert "replacing crashed worker" in output
-    assert "python -m properties.repro" in result.stdout, output
+    assert "python -m gqa_decode_fuzz.record.repro" in result.stdout, output
     _assert_the_faulting_example_was_saved(tmp_path)
 
 
@@ -67,7 +67,7 @@ def test_fault_without_xdist_stops_the_session_after_that_test(tmp_path):
     assert "1 failed" in result.stdout and "passed" not in result.stdout.splitlines()[-1], result.stdout
     assert "Interrupted: the CUDA context was lost in tests/containment_cases.py::test_first_kernel_faults" \
         in result.stdout
-    assert "python -m properties.repro" in result.stdout
+    assert "python -m gqa_decode_fuzz.record.repro" in result.stdout
     _assert_the_faulting_example_was_saved(tmp_path)
 
 
@@ -143,7 +143,7 @@ class _Device:
 def _guard_on_a_pretend_gpu(monkeypatch):
     import torch
 
-    from properties._plugin.containment import Guard
+    from gqa_decode_fuzz.engine.containment import Guard
 
     device = _Device()
     monkeypatch.setattr(torch.cuda, "synchronize", device.synchronize)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from properties.cases import DecodeCase, build, using_definition
-from reference import check_against_reference
-from reference.definitions import BUILT_IN, SEED, DefinitionError, from_json, load, select
-from reference.oracle import attend, float32_scale
+from gqa_decode_fuzz.generation.cases import DecodeCase, build, using_definition
+from gqa_decode_fuzz.reference import check_against_reference
+from gqa_decode_fuzz.reference.definitions import BUILT_IN, SEED, DefinitionError, from_json, load, select
+from gqa_decode_fuzz.reference.oracle import attend, float32_scale
 
 HERE = Path(__file__).resolve().parent
 OTHER = HERE / "definitions" / "gqa_paged_decode_h16_kv2_d128_ps16.json"

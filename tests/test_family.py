@@ -7,7 +7,7 @@ the gpu profile on each (docs/gpu.md).
 
 import pytest
 
-from reference.definitions import BUILT_IN
+from gqa_decode_fuzz.reference.definitions import BUILT_IN
 from tests.pytest_runs import clean_environment, run_pytest
 
 OTHER = "tests/definitions/gqa_paged_decode_h16_kv2_d128_ps16.json"

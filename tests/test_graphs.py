@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from reference import graphs
+from gqa_decode_fuzz.reference import graphs
 
 
 class _Capture:

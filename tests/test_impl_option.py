@@ -5,8 +5,8 @@ import tempfile
 
 import pytest
 
-from properties._plugin import gpus
-from properties._plugin.target import DeviceError, ImplSpecError, confirm_device, device_type, load_impl
+from gqa_decode_fuzz.engine.target import DeviceError, ImplSpecError, confirm_device, device_type, load_impl
+from gqa_decode_fuzz.runner import gpus
 from tests.pytest_runs import ROOT, clean_environment, run_module, run_pytest
 
 
@@ -89,7 +89,7 @@ def test_a_knob_that_breaks_the_kernel_is_in_its_case_file_its_replay_and_its_ca
     assert result.returncode == 1, result.stdout + result.stderr
     assert "flavour='spiced'" in result.stdout and "its own check passed" not in result.stdout, result.stdout
     (case_file,) = (tmp_path / "failures").glob("*.pt")
-    replay = run_module("properties.repro", str(case_file), "--no-png", env=env)
+    replay = run_module("gqa_decode_fuzz.record.repro", str(case_file), "--no-png", env=env)
     assert replay.returncode == 1 and "flavour='spiced'" in replay.stdout, replay.stdout + replay.stderr
 
 

@@ -1,4 +1,4 @@
-"""The implementation under test runs in a child process (``properties/_plugin/isolation.py``).
+"""The implementation under test runs in a child process (``engine/isolation.py``).
 
 The hostile panel (tests/impls/hostile_*.py: a wrong kernel, each with a cheat that works in-process) is red;
 a correct kernel that is merely slow is green; a child that dies or hangs fails its example, which Hypothesis
@@ -17,11 +17,11 @@ import pytest
 import torch
 from hypothesis.errors import UnsatisfiedAssumption
 
-from properties import claims
-from properties._plugin import isolation
-from properties._plugin.isolated_impl import Child, Launch, _loads, _reraised
-from properties._plugin.target import in_definition_order
-from properties.cases import DecodeCase, build, definitions
+from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine.isolated_impl import Child, Launch, _loads, _reraised
+from gqa_decode_fuzz.engine.target import in_definition_order
+from gqa_decode_fuzz.generation.cases import DecodeCase, build, definitions
+from gqa_decode_fuzz.properties import claims
 from tests.impls.torch_float32 import run as torch_float32
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
@@ -133,7 +133,7 @@ def test_a_child_that_dies_after_the_sanitizer_reported_fails_with_the_report(tm
     """On the H200 memcheck stops the kernel it caught and torch then aborts the process (a launch failure thrown
     from a deleter): the call fails as the sanitizer's finding, with its report, not as a bare crash. A stand-in
     compute-sanitizer logs its error when the call starts, and the call ends the process."""
-    from properties._plugin.isolation import SANITIZER_ENV, SanitizerError
+    from gqa_decode_fuzz.engine.isolation import SANITIZER_ENV, SanitizerError
 
     stand_in = tmp_path / "compute-sanitizer"
     stand_in.write_text(
@@ -220,7 +220,7 @@ def test_the_deadline_grows_with_the_tokens_of_the_call(monkeypatch):
 def test_an_explicit_example_is_sanitized_when_every_example_is():
     """An explicit @example has nothing to draw the share from: with --sanitize-every=1 it is sanitized too (on
     the H200 the one-past reader's explicit example ran plain, passed, and the sanitized search went on)."""
-    from properties._plugin.isolated_impl import SanitizerShare
+    from gqa_decode_fuzz.engine.isolated_impl import SanitizerShare
 
     assert SanitizerShare(1).current() and not SanitizerShare(8).current()
     promoted = SanitizerShare(8)

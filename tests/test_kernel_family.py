@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from properties.cases import DecodeCase, build
-from reference.compare import compare_all, raise_if_any
-from reference.definitions import BUILT_IN, SEED, Definition, load, register
+from gqa_decode_fuzz.generation.cases import DecodeCase, build
+from gqa_decode_fuzz.reference.compare import compare_all, raise_if_any
+from gqa_decode_fuzz.reference.definitions import BUILT_IN, SEED, Definition, load, register
 
 PAGED = BUILT_IN["gqa_paged_decode_h20_kv4_d128_ps64"]
 # Beyond the built-in family: the suite's file definition (eight 16-token pages per block of 128 tokens), and pages
@@ -48,7 +48,9 @@ LSE_BOUND = 2.0**-12
 
 
 def _for_definition():
-    from kernel import for_definition  # imported after the device fixture has switched the interpreter on (CPU)
+    from gqa_decode_fuzz.kernel import (
+        for_definition,  # imported after the device fixture has switched the interpreter on (CPU)
+    )
 
     return for_definition
 
@@ -99,7 +101,7 @@ def test_the_seed_definition_is_run_itself():
 
 @pytest.mark.parametrize("definition", [pytest.param(d, id=d.name) for d in BUILT_IN.values()])
 def test_each_served_function_takes_its_definitions_arguments(definition):
-    from kernel import for_definition
+    from gqa_decode_fuzz.kernel import for_definition
 
     parameters = inspect.signature(for_definition(definition)).parameters
     assert tuple(parameters) == definition.arguments
@@ -114,7 +116,7 @@ def test_each_served_function_takes_its_definitions_arguments(definition):
     ({"page_size": 0}, "page_size=0 must be a positive integer"),
 ])
 def test_shapes_the_kernel_cannot_compile_are_refused_naming_the_definition(change, reason):
-    from kernel import for_definition
+    from gqa_decode_fuzz.kernel import for_definition
 
     fields = {"name": "my_decode", "num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "page_size": 16, **change}
     with pytest.raises(ValueError, match=f"definition 'my_decode' is not supported by this kernel: {reason}"):
@@ -144,7 +146,7 @@ def _paged_call(device) -> list:
      r"v_cache must have shape \[8, 64, 4, 128\], got \[5, 64, 4, 128\]"),
 ])
 def test_a_bad_paged_call_is_refused_naming_the_argument(device, argument, value, error, message):
-    from kernel import for_definition
+    from gqa_decode_fuzz.kernel import for_definition
 
     args = _paged_call(device)
     if isinstance(value, torch.Tensor) and value.device.type != "meta":
@@ -155,7 +157,7 @@ def test_a_bad_paged_call_is_refused_naming_the_argument(device, argument, value
 
 
 def test_a_sequence_without_pages_is_empty_whatever_its_last_page_length(device):
-    from kernel import for_definition
+    from gqa_decode_fuzz.kernel import for_definition
 
     args = _paged_call(device)
     valid = for_definition(PAGED)(*args)

@@ -1,4 +1,4 @@
-"""Under MPS a crash counts only if its case faults again when replayed alone (properties/_plugin/mps.py).
+"""Under MPS a crash counts only if its case faults again when replayed alone (record/mps.py).
 
 No GPU needed: ``CUDA_MPS_PIPE_DIRECTORY`` names a folder holding a plain ``control`` file, which is
 all the detection looks at, and the runs are on CPU (``--device=cpu``), so no process tries to
@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from properties._plugin import gpus, mps, run_report
-from properties.cases import DecodeCase
+from gqa_decode_fuzz.generation.cases import DecodeCase
+from gqa_decode_fuzz.record import mps, run_report
+from gqa_decode_fuzz.runner import gpus
 from tests.pytest_runs import clean_environment, run_pytest
 
 NEIGHBOUR = "tests/mps_cases.py::test_hit_by_a_neighbours_fault"

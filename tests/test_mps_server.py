@@ -1,4 +1,4 @@
-"""The run's own MPS server (properties/_plugin/mps_server.py), with a stand-in for nvidia-cuda-mps-control.
+"""The run's own MPS server (runner/mps_server.py), with a stand-in for nvidia-cuda-mps-control.
 
 The stand-in does what the real daemon does to the file system (``-d`` makes the ``control`` pipe in
 ``$CUDA_MPS_PIPE_DIRECTORY``, ``quit`` on stdin removes it), logs what it was given, and, like a daemon, leaves
@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from properties._plugin import gpus, mps, mps_server, plugin
+from gqa_decode_fuzz.record import mps
+from gqa_decode_fuzz.runner import gpus, mps_server, plugin
 
 FAKE_CONTROL = """#!/bin/sh
 echo "$* CVD=${CUDA_VISIBLE_DEVICES-unset} LOG=$CUDA_MPS_LOG_DIRECTORY" >> "$FAKE_MPS_LOG"

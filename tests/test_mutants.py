@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from properties._plugin.target import load_impl
-from properties.cases import DecodeCase, build
-from reference.definitions import BUILT_IN
+from gqa_decode_fuzz.engine.target import load_impl
+from gqa_decode_fuzz.generation.cases import DecodeCase, build
+from gqa_decode_fuzz.reference.definitions import BUILT_IN
 from tests.corpus import CLASSES, MUTANTS, MutantPatchError, Patch, by_name, run_suite, suite_command
 from tests.corpus.materialise import KERNEL_DIR, apply_patches, materialise_package
 
@@ -65,7 +65,7 @@ def test_each_mutant_runs_under_a_built_in_definition_named_on_the_command_line(
                                   DecodeCase(lengths=(1,), page_layout="contiguous", spare_pages=5, seed=2)])
 def test_unpatched_copy_is_bitwise_the_kernel(tmp_path, device, case):
     """Materialising itself changes nothing: every kill comes from the patch."""
-    from kernel import run
+    from gqa_decode_fuzz.kernel import run
 
     copy = load_impl(f"{materialise_package('identity', (), tmp_path)}:run")
     inputs = build(case, device)

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties.cases import DecodeCase, build, host_values
-from properties.strategies import SizeLimits, decode_cases
-from reference import attend, float32_scale
+from gqa_decode_fuzz.generation.cases import DecodeCase, build, host_values
+from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases
+from gqa_decode_fuzz.reference import attend, float32_scale
 
 SMALL = SizeLimits(max_batch=3, max_len=40, max_spare_pages=16)
 
@@ -97,7 +97,7 @@ def test_permuting_a_sequences_tokens_changes_nothing(case, data):
 
 
 def test_chunking_gives_the_same_answer(monkeypatch):
-    import reference.oracle as oracle
+    import gqa_decode_fuzz.reference.oracle as oracle
 
     inputs = build(DecodeCase(lengths=(5, 0, 33, 17), values="wide", seed=3))
     whole = attend(*inputs)
@@ -111,7 +111,7 @@ def test_scale_is_rounded_to_float32(scale, expected):
 
 
 def test_bound_is_the_same_one_head_or_all_heads_at_a_time(monkeypatch):
-    import reference.bound as bound
+    import gqa_decode_fuzz.reference.bound as bound
 
     inputs = build(DecodeCase(lengths=(5, 0, 33, 17), values="outliers", seed=4))
     whole = attend(*inputs)
@@ -147,14 +147,14 @@ def test_lengths_given_on_the_host_are_used_instead_of_the_tensor():
     (1537, 16, True, 2048), (2049, 16, True, 3072),
 ])
 def test_graph_shapes_round_up(count, smallest, half_steps, expected):
-    import reference.oracle as oracle
+    import gqa_decode_fuzz.reference.oracle as oracle
 
     assert oracle._round_up(count, smallest, half_steps=half_steps) == expected
 
 
 def _padded_reference(inputs, shape, q_junk=math.nan):
     """The oracle computed eagerly in a graph's padded shape (stale q rows beyond the batch), cut to the batch."""
-    import reference.oracle as oracle
+    import gqa_decode_fuzz.reference.oracle as oracle
 
     bounds = inputs.kv_indptr.tolist()
     starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
@@ -169,7 +169,7 @@ def _padded_reference(inputs, shape, q_junk=math.nan):
 @given(case=decode_cases(limits=SMALL))
 def test_padding_to_a_graph_shape_gives_the_same_answer(case):
     """The shapes a GPU replays add masked token slots and empty sequences: the answer agrees to float64 rounding."""
-    import reference.oracle as oracle
+    import gqa_decode_fuzz.reference.oracle as oracle
 
     inputs = build(case)
     shape = oracle._graph_shape(case.batch, max(case.lengths, default=0))
@@ -182,7 +182,7 @@ def test_padding_to_a_graph_shape_gives_the_same_answer(case):
 def test_graph_replays_give_the_padded_computation_bit_for_bit(monkeypatch):
     """On CUDA: a replayed graph gives the bits of the same padded computation run eagerly, each call keeps its
     own answer (the graph's outputs are copied out), and without graphs the answers agree to rounding."""
-    import reference.oracle as oracle
+    import gqa_decode_fuzz.reference.oracle as oracle
 
     oracle._GRAPHS.clear()
     cases = [DecodeCase(lengths=(5, 0, 33), values="wide", seed=3), DecodeCase(lengths=(40, 2, 7), seed=4),

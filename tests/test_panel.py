@@ -15,7 +15,7 @@ import inspect
 
 import pytest
 
-from reference.definitions import BUILT_IN, SEED_NAME
+from gqa_decode_fuzz.reference.definitions import BUILT_IN, SEED_NAME
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 PANEL = sorted(path.name for path in (ROOT / "tests" / "impls").glob("panel_*.py"))

@@ -17,8 +17,8 @@ from itertools import accumulate
 import pytest
 import torch
 
-from reference.compare import compare_all, raise_if_any
-from reference.oracle import attend, float32_scale
+from gqa_decode_fuzz.reference.compare import compare_all, raise_if_any
+from gqa_decode_fuzz.reference.oracle import attend, float32_scale
 
 # (query heads, KV heads, head dim, page size or None for ragged): every prefill definition's constants.
 PAGED = [(16, 1, 128, 64), *[(h, kv, 128, ps) for h, kv in ((16, 2), (20, 4), (24, 4), (24, 8), (32, 16), (32, 4),
@@ -177,7 +177,8 @@ def check(run, shape, case: Case, device: torch.device) -> tuple[torch.Tensor, t
 
 
 def _kernel(shape):
-    from kernel import for_prefill  # imported after the device fixture has switched the interpreter on (CPU)
+    # imported after the device fixture has switched the interpreter on (CPU)
+    from gqa_decode_fuzz.kernel import for_prefill
 
     heads, kv_heads, dim, page = shape
     return for_prefill(heads, kv_heads, dim, page, page is None)
@@ -326,7 +327,7 @@ class _Definition:
 def test_for_definition_serves_prefill_definitions_by_op_type(definition, arguments):
     import inspect
 
-    from kernel import for_definition, for_prefill
+    from gqa_decode_fuzz.kernel import for_definition, for_prefill
 
     served = for_definition(definition)
     assert tuple(inspect.signature(served).parameters) == arguments
@@ -336,7 +337,7 @@ def test_for_definition_serves_prefill_definitions_by_op_type(definition, argume
 
 
 def test_for_definition_still_serves_decode_and_refuses_other_op_types():
-    from kernel import for_definition, run
+    from gqa_decode_fuzz.kernel import for_definition, run
 
     decode = _Definition("gqa_paged_decode_h32_kv4_d128_ps1", "gqa_paged", page_size=1)
     assert for_definition(decode) is run

@@ -1,4 +1,4 @@
-"""An xdist worker ends its process once its session is over (properties/_plugin/prompt_exit.py): its exit
+"""An xdist worker ends its process once its session is over (runner/prompt_exit.py): its exit
 handlers and buffered output are kept, the interpreter's teardown is skipped, and only where that is safe. Each
 process freezes what it holds for its tests (gc.freeze) and gives it back before an ordinary exit."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from properties._plugin import prompt_exit
+from gqa_decode_fuzz.runner import prompt_exit
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 CASES = "tests/prompt_exit_cases.py"
@@ -61,7 +61,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_exit_now_runs_the_exit_handlers_and_flushes_python_and_c_output():
     code = ("import atexit, ctypes, sys\n"
-            "from properties._plugin import prompt_exit\n"
+            "from gqa_decode_fuzz.runner import prompt_exit\n"
             "atexit.register(print, 'handler ran')\n"
             "sys.stdout.write('python buffered;')\n"
             "ctypes.CDLL(None).printf(b'c buffered;')\n"
@@ -78,7 +78,7 @@ OPTIONS = ("--impl=tests/impls/torch_float32.py:run", "--device=cpu", "--run-rep
 
 def test_exit_now_waits_for_the_gpu_first():
     code = ("import sys, types\n"
-            "from properties._plugin import prompt_exit\n"
+            "from gqa_decode_fuzz.runner import prompt_exit\n"
             "cuda = types.SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: print('synchronized'))\n"
             "sys.modules['torch'] = types.SimpleNamespace(cuda=cuda)\n"
             "prompt_exit.exit_now()\n")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from properties._plugin.profiles import REDIS_KEY_PREFIX
+from gqa_decode_fuzz.runner.profiles import REDIS_KEY_PREFIX
 from tests.pytest_runs import clean_environment, run_pytest
 
 PROPERTY = "properties/test_decode.py::test_output_and_lse_within_error_bound"

@@ -1,11 +1,11 @@
-"""Case files and their replay: ``python -m properties.repro FILE``."""
+"""Case files and their replay: ``python -m gqa_decode_fuzz.record.repro FILE``."""
 
 import torch
 
-from properties._plugin import casefiles
-from properties.cases import DecodeCase, build
-from properties.repro.diagnosis import describe_layout, describe_mismatch, ranges
-from reference import attend
+from gqa_decode_fuzz.generation.cases import DecodeCase, build
+from gqa_decode_fuzz.record import casefiles
+from gqa_decode_fuzz.record.repro.diagnosis import describe_layout, describe_mismatch, ranges
+from gqa_decode_fuzz.reference import attend
 from tests.impls.torch_float32 import run as correct
 from tests.pytest_runs import clean_environment, run_module, run_pytest
 
@@ -99,26 +99,26 @@ def test_failing_property_saves_a_case_that_replays_on_cpu(tmp_path):
     result = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound", "-n", "0", "-x",
                         "--hypothesis-profile=ci", f"--impl={_defective(tmp_path)}", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "gqa-decode case file" in result.stdout and "python -m properties.repro" in result.stdout
+    assert "gqa-decode case file" in result.stdout and "python -m gqa_decode_fuzz.record.repro" in result.stdout
     (path,) = (tmp_path / "failures").glob("*.pt")
     saved = casefiles.load_case(path)
     assert saved["case_repr"].startswith("DecodeCase(lengths=(")
     assert "@reproduce_failure" in saved["error"] + saved["hypothesis_output"]
 
-    replay = run_module("properties.repro", str(path), "--device", "cpu", env=env)
+    replay = run_module("gqa_decode_fuzz.record.repro", str(path), "--device", "cpu", env=env)
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert "seq 1 (" in replay.stdout and "heads 5;" in replay.stdout and "dims 70-79" in replay.stdout
     assert "reproduced on cpu" in replay.stdout
     assert path.with_suffix(".png").stat().st_size > 0
 
-    fixed = run_module("properties.repro", str(path), "--device", "cpu", "--no-png",
+    fixed = run_module("gqa_decode_fuzz.record.repro", str(path), "--device", "cpu", "--no-png",
                        "--impl", "tests/impls/torch_float32.py:run", env=env)
     assert fixed.returncode == 0 and "did not reproduce" in fixed.stdout, fixed.stdout + fixed.stderr
 
 
 def test_repro_rejects_a_file_that_is_no_case_file(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"junk")
-    result = run_module("properties.repro", str(tmp_path / "junk.pt"))
+    result = run_module("gqa_decode_fuzz.record.repro", str(tmp_path / "junk.pt"))
     assert result.returncode == 2 and "not a case file" in result.stderr
 
 
@@ -142,7 +142,7 @@ def test_small_arguments_are_copied_at_the_call_and_survive_a_fault(tmp_path):
 
 def test_replay_exit_status_says_reproduced_only_when_it_did(tmp_path):
     """1 when the case faults again, also where the sticky error surfaces after the call (as a GPU's does);
-    3, not 0, when a call could not be rebuilt: crash replays under MPS (properties/_plugin/mps.py) read 0
+    3, not 0, when a call could not be rebuilt: crash replays under MPS (record/mps.py) read 0
     as "passed alone"."""
     record = casefiles.Recorder()
     record.begin("tests/x.py::test_x")
@@ -151,7 +151,7 @@ def test_replay_exit_status_says_reproduced_only_when_it_did(tmp_path):
     record.note_call(tuple(inputs[:5]), {})
     path = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access", impl_spec="kernel:run",
                                device=torch.device("cpu"), profile="ci", run_id="r1", device_readable=False)
-    replay = run_module("properties.repro", str(path), "--device", "cpu", "--no-png", "--isolation", "off",
+    replay = run_module("gqa_decode_fuzz.record.repro", str(path), "--device", "cpu", "--no-png", "--isolation", "off",
                         "--impl", "tests/impls/asynchronous_cuda_fault.py:run")  # in-process: its fault is ours
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert "reproduced on cpu: a sticky CUDA error" in replay.stdout and "Traceback" not in replay.stderr
@@ -160,7 +160,7 @@ def test_replay_exit_status_says_reproduced_only_when_it_did(tmp_path):
     partial = casefiles.save_case(tmp_path, record, error="RuntimeError: illegal memory access",
                                   impl_spec="tests/impls/torch_float32.py:run", device=torch.device("cpu"),
                                   profile="ci", run_id="r1", device_readable=False)
-    replay = run_module("properties.repro", str(partial), "--device", "cpu", "--no-png")
+    replay = run_module("gqa_decode_fuzz.record.repro", str(partial), "--device", "cpu", "--no-png")
     assert replay.returncode == 3 and "not replayed in full" in replay.stdout, replay.stdout + replay.stderr
 
 
@@ -175,7 +175,7 @@ def test_a_kernel_replayed_in_its_own_process_cannot_talk_the_replay_into_green(
     hostile = "tests/impls/hostile_replaces_comparison.py:run"
     path = casefiles.save_case(tmp_path, record, error="AssertionError: off", impl_spec=hostile,
                                device=torch.device("cpu"), profile="ci", run_id="r1")
-    isolated = run_module("properties.repro", str(path), "--device", "cpu", "--no-png")
+    isolated = run_module("gqa_decode_fuzz.record.repro", str(path), "--device", "cpu", "--no-png")
     assert isolated.returncode == 1 and "isolation: on" in isolated.stdout, isolated.stdout + isolated.stderr
-    trusted = run_module("properties.repro", str(path), "--device", "cpu", "--no-png", "--isolation", "off")
+    trusted = run_module("gqa_decode_fuzz.record.repro", str(path), "--device", "cpu", "--no-png", "--isolation", "off")
     assert trusted.returncode == 0, trusted.stdout + trusted.stderr  # the threat is real

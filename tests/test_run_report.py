@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from properties._plugin import run_report
-from properties.cases import DecodeCase
+from gqa_decode_fuzz.generation.cases import DecodeCase
+from gqa_decode_fuzz.record import run_report
 from tests.pytest_runs import clean_environment, run_pytest
 
 COUNTER = run_report.ItemCounter()
@@ -324,7 +324,7 @@ def test_warm_up_leaves_the_report_unchanged(run):
 def test_report_leads_with_the_root_causes(run):
     """Where the run's failures were grouped (causes.json, written before the report), report.md gives them
     right after the verdict line, before the table, and report.json's first key holds them."""
-    from properties._plugin import causes
+    from gqa_decode_fuzz.record import causes
 
     directory, files = run
     found = [causes.Cause(causes.Failure(_node("output_within_bound", 2, 16), files["small"], "AssertionError: off",
@@ -336,7 +336,7 @@ def test_report_leads_with_the_root_causes(run):
     head = [line for line in text.splitlines() if line][:5]
     assert head[2:] == ["**FAILED: 3 of 26 properties failed, 1 crashed, 1 skipped**", "## 1 distinct failure",
                         "1. scale <= 0, any length: 2 properties"]
-    assert f"   replay: python -m properties.repro {files['small']}" in text
+    assert f"   replay: python -m gqa_decode_fuzz.record.repro {files['small']}" in text
     assert text.index("## 1 distinct failure") < text.index("| property | verdict")
     assert "   - properties/test_suite.py::test_lse_base_two" in text
     saved = json.loads((directory / "report.json").read_text())
@@ -345,7 +345,7 @@ def test_report_leads_with_the_root_causes(run):
 
 def test_items_whose_names_differ_past_the_cut_get_case_files_of_their_own():
     """Seen on the H200: two layout items' case files, written in one second by one process, were one file."""
-    from properties._plugin.casefiles import _file_name
+    from gqa_decode_fuzz.record.casefiles import _file_name
 
     stem = "properties/test_layouts.py::test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error"
     names = {_file_name(f"{stem}[shard1of8-{layout}]") for layout in ("mixed", "combined")}

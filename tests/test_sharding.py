@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties._plugin import gpus, shards
-from properties._plugin.plugin import count_or_auto
-from properties._plugin.shards import Shard
+from gqa_decode_fuzz.runner import gpus, shards
+from gqa_decode_fuzz.runner.plugin import count_or_auto
+from gqa_decode_fuzz.runner.shards import Shard
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 
@@ -140,7 +140,7 @@ def test_gpus_are_counted_without_torch_as_torch_counts_them(visible):
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
-    script = ("import sys; from properties._plugin import gpus; ours = gpus.cuda_device_count(); "
+    script = ("import sys; from gqa_decode_fuzz.runner import gpus; ours = gpus.cuda_device_count(); "
               "assert 'torch' not in sys.modules or gpus.torch_build() is None; import torch; "
               "print(ours, torch.cuda.device_count() if torch.cuda.is_available() else 0)")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,

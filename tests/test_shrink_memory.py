@@ -43,7 +43,7 @@ def test_out_of_memory_while_shrinking_reports_the_failure_found_first(tmp_path)
     assert "ERROR (infrastructure)" not in result.stdout and "1 failed" in result.stdout, output
     assert "is the smallest one seen" in result.stdout and "simulated: the suite could not allocate" in output, output
     (case_file,) = (tmp_path / "failures").glob("*.pt")
-    assert "python -m properties.repro" in result.stdout and case_file.name in result.stdout, output
+    assert "python -m gqa_decode_fuzz.record.repro" in result.stdout and case_file.name in result.stdout, output
     # without xdist this process groups the failure too: one cause, the failure's own case file
     assert "gqa-decode: 1 distinct failure" in result.stdout and f"case file: {case_file}" in result.stdout, output
 
@@ -51,7 +51,7 @@ def test_out_of_memory_while_shrinking_reports_the_failure_found_first(tmp_path)
 def test_the_case_file_is_the_reported_failures_example(tmp_path):
     """Two failing @examples, then a passing one: the case file holds the first failure Hypothesis reports, not
     the last case built (the recorder's)."""
-    from properties._plugin import casefiles
+    from gqa_decode_fuzz.record import casefiles
 
     (tmp_path / "wrong.py").write_text(WRONG_EVERYWHERE)
     env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from properties._plugin import solutions
-from properties._plugin.destinations import DestinationError, call_in_destination_style
-from properties._plugin.target import ImplSpecError, load_callable, load_target
-from reference import definitions
+from gqa_decode_fuzz.engine import solutions
+from gqa_decode_fuzz.engine.destinations import DestinationError, call_in_destination_style
+from gqa_decode_fuzz.engine.target import ImplSpecError, load_callable, load_target
+from gqa_decode_fuzz.reference import definitions
 from tests import solution_files
 from tests.pytest_runs import clean_environment, run_module, run_pytest
 
@@ -51,12 +51,12 @@ def test_a_destination_failure_replays_from_the_solution_file(tmp_path):
     path = solution_files.write(tmp_path, "python_dps_row_past_output")
     _run(path, tmp_path / "failures", "-x")
     case_file = next((tmp_path / "failures").glob("*.pt"))
-    replay = run_module("properties.repro", str(case_file), "--device", "cpu", "--no-png")
+    replay = run_module("gqa_decode_fuzz.record.repro", str(case_file), "--device", "cpu", "--no-png")
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert "solution : python_dps_row_past_output" in replay.stdout
     assert "wrote outside output" in replay.stdout and "replaying another" not in replay.stdout
     path.write_text(path.read_text().replace("test variant", "changed variant"))
-    changed = run_module("properties.repro", str(case_file), "--device", "cpu", "--no-png")
+    changed = run_module("gqa_decode_fuzz.record.repro", str(case_file), "--device", "cpu", "--no-png")
     assert "replaying another implementation than the run tested" in changed.stdout
 
 
@@ -73,7 +73,7 @@ def test_the_convention_not_stated_is_read_from_the_signature(tmp_path):
 def test_the_adapter_runs_apart_from_the_implementation(tmp_path, variant, trouble):
     """What an isolated run does: the child calls ``load_callable``'s function (destinations as its last
     arguments), the checker's process adapts whatever forwards the call to it, and checks the guard bands."""
-    from properties.cases import DecodeCase, build
+    from gqa_decode_fuzz.generation.cases import DecodeCase, build
 
     function, _ = load_callable(str(solution_files.write(tmp_path, variant)))
     forwarded = lambda *args: function(*args)  # noqa: E731 - stands in for the call sent to a child

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given, settings, target
 from hypothesis import strategies as st
 
-from properties import stages
-from properties._plugin import run_report
+from gqa_decode_fuzz.generation import stages
+from gqa_decode_fuzz.record import run_report
 
 
 @pytest.fixture

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from properties.cases import build
-from properties.workloads import WorkloadError, read_safetensors, read_workloads, workload_case
-from reference import definitions
+from gqa_decode_fuzz.generation.cases import build
+from gqa_decode_fuzz.generation.workloads import (
+    WorkloadError,
+    read_safetensors,
+    read_workloads,
+    workload_case,
+)
+from gqa_decode_fuzz.reference import definitions
 from tests.pytest_runs import clean_environment, run_pytest
 
 INDPTR = [0, 3, 3, 7]  # three sequences, the middle one empty

@@ -4,14 +4,14 @@ In-process (``--isolation=off``) this makes every value check pass; isolated, it
 its own process, which check nothing.
 """
 
-import reference.bound
-import reference.compare
-import reference.oracle
+import gqa_decode_fuzz.reference.bound
+import gqa_decode_fuzz.reference.compare
+import gqa_decode_fuzz.reference.oracle
 from tests.impls.wrong_kv_head import run
 
-reference.compare.raise_if_any = lambda *args, **kwargs: None
-reference.compare.assert_within_bound = lambda *args, **kwargs: 0.0
-_attend = reference.oracle.attend
+gqa_decode_fuzz.reference.compare.raise_if_any = lambda *args, **kwargs: None
+gqa_decode_fuzz.reference.compare.assert_within_bound = lambda *args, **kwargs: 0.0
+_attend = gqa_decode_fuzz.reference.oracle.attend
 
 
 def _loose(*args, **kwargs):
@@ -20,6 +20,6 @@ def _loose(*args, **kwargs):
         if hasattr(answer, "_replace") else answer
 
 
-reference.oracle.attend = _loose
+gqa_decode_fuzz.reference.oracle.attend = _loose
 
 __all__ = ["run"]

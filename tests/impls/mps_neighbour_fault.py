@@ -2,7 +2,7 @@
 
 A batch of one sequence "faults" only inside a pytest test (``PYTEST_CURRENT_TEST``): like
 another process's fault reaching this one through an MPS server, it does not happen when
-the case is replayed alone (``python -m properties.repro``). Any other call is
+the case is replayed alone (``python -m gqa_decode_fuzz.record.repro``). Any other call is
 tests/impls/simulated_cuda_fault.py: a kernel fault that a replay repeats. Used by
 tests/test_mps.py.
 """

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from kernel import validate
+from gqa_decode_fuzz.kernel import validate
 from tests.impls.torch_float32 import run as correct
 
 

@@ -9,8 +9,8 @@ Never run it on CPU: the interpreter does no bounds checking.
 
 import torch
 
-from kernel import _launch
-from kernel._kernel import gqa_paged_decode_kernel
+from gqa_decode_fuzz.kernel import _launch
+from gqa_decode_fuzz.kernel._kernel import gqa_paged_decode_kernel
 
 FAR = 2**40
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel import run as correct
+from gqa_decode_fuzz.kernel import run as correct
 
 
 @triton.jit

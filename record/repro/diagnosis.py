@@ -1,7 +1,7 @@
 """Words for a failing call: its layout, and where its result leaves the bound.
 
 Pure functions of the call's tensors and the oracle's ``Reference``; used by
-``python -m properties.repro``.
+``python -m gqa_decode_fuzz.record.repro``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from pathlib import Path
 
 import torch
 
-from .. import sibling
+from gqa_decode_fuzz import reference
+from gqa_decode_fuzz.reference.compare import error_ratio
+from gqa_decode_fuzz.reference.oracle import token_lengths
 
-reference = sibling("reference")
 Reference = reference.Reference
-error_ratio = sibling("reference.compare").error_ratio
-token_lengths = sibling("reference.oracle").token_lengths
 
 __all__ = ["describe_layout", "describe_mismatch", "ratios", "ranges", "sequence_lengths", "write_heatmap"]
 

@@ -24,10 +24,13 @@ import pytest
 import torch
 from hypothesis.errors import HypothesisException
 
-from .. import cases, stages
-from . import casefiles, causes, gpus, isolation, knobs, mps, run_report, shards
-from .containment import CudaContextLost, Guard, is_sticky_cuda_error
-from .target import WAIVERS, Target
+from gqa_decode_fuzz.engine import isolation, knobs
+from gqa_decode_fuzz.engine.containment import CudaContextLost, Guard, is_sticky_cuda_error
+from gqa_decode_fuzz.engine.target import WAIVERS, Target
+from gqa_decode_fuzz.generation import cases, stages
+from gqa_decode_fuzz.record import casefiles, causes, mps, run_report
+
+from . import gpus, shards
 
 if TYPE_CHECKING:
     from .plugin import RunState
@@ -447,7 +450,7 @@ class SuiteRun:
         """``failures`` grouped into root causes by probing (``causes``), in the process that reports the run. No
         probes once the CUDA context is lost."""
         state = self.state
-        from .. import claims
+        from gqa_decode_fuzz.properties import claims
 
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
         prober = causes.Prober(self.guarded_impl(), state.device, state.contract, claims.claim_for,

@@ -21,12 +21,12 @@ from typing import NamedTuple
 
 import torch
 
-from . import sibling
+from gqa_decode_fuzz.reference import definitions
+from gqa_decode_fuzz.reference.transfer import to_device
+
 from .stages import stage
 
-definitions = sibling("reference.definitions")
 Definition = definitions.Definition
-to_device = sibling("reference.transfer").to_device
 
 # "pool_end" puts every page in the top slots of the pool: with a huge pool, page ids pass 2**22.
 PAGE_LAYOUTS = ("shuffled", "contiguous", "shared_prefix", "pool_end")

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from . import shards
+from gqa_decode_fuzz.runner import shards
 
 __all__ = ["KnobDraws"]
 

@@ -7,7 +7,7 @@ error tells a process whether its own call faulted. With 8 workers per GPU, one 
 crash 8 properties, each with a case file that does not replay.
 
 So under MPS the controller, once every worker is gone, replays the case file of each
-crash that owns its property (``python -m properties.repro FILE``) in a fresh process,
+crash that owns its property (``python -m gqa_decode_fuzz.record.repro FILE``) in a fresh process,
 outside MPS where the GPU allows it (``_replay_one``). A
 crash whose case faults again stays a crash; one whose case passes alone is reported as
 an error (no verdict on the kernel) with ``COLLATERAL`` as its reason; a replay that
@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .gpus import MPS_PIPE_ENV
+from gqa_decode_fuzz.runner.gpus import MPS_PIPE_ENV
 
 MAX_REPLAYS = 16  # two faults' worth at 8 workers per GPU; more crashes stay crashed, unconfirmed
 REPLAY_TIMEOUT_S = 180.0  # a fresh process: imports, a Triton compile on a cold cache, a huge pool's build
@@ -83,7 +83,7 @@ def _last_line(text: str) -> str:
 
 
 def _replay_one(nodeid: str, case_file: str, *, device: str, root: Path, gpu: str | None, timeout: float) -> Replay:
-    """Replay one case file in a fresh process; its exit status (see ``properties.repro.replay``) decides.
+    """Replay one case file in a fresh process; its exit status (see ``record.repro.replay``) decides.
 
     First outside MPS: a process of its own on the GPU, which no other process's fault reaches, and which
     starts even while a faulted MPS client (a crashed run without xdist, still reporting) keeps the server

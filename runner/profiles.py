@@ -30,7 +30,7 @@ from hypothesis.database import (
     ReadOnlyDatabase,
 )
 
-from ..sizes import SizeLimits
+from gqa_decode_fuzz.generation.sizes import SizeLimits
 
 DATABASE_DIR = Path(".hypothesis") / "examples"  # relative to the working directory, as Hypothesis's own
 DATABASE_DIR_ENV = "GQA_DECODE_DATABASE_DIR"

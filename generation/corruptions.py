@@ -13,8 +13,9 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from ._plugin.destinations import DestinationError
-from ._plugin.isolation import ImplementationFailed
+from gqa_decode_fuzz.engine.destinations import DestinationError
+from gqa_decode_fuzz.engine.isolation import ImplementationFailed
+
 from .cases import DecodeInputs, active_definition
 from .strategies import SizeLimits
 

@@ -11,7 +11,7 @@ worker of any earlier run compiled is loaded, not compiled again in every worker
 
 Whether the run's CUDA processes join an MPS server is told here too (``mps_control_pipe``; the run's own
 server is started by ``mps_server``): under MPS one process's GPU fault reaches every process on that GPU
-(see ``properties/_plugin/mps.py``).
+(see ``record/mps.py``).
 
 Nothing here imports torch at module level: it runs before the worker is pinned. The controller counts the GPUs
 without torch too (``cuda_device_count``: the CUDA driver's own count), so that it can start its workers before

@@ -48,9 +48,17 @@ from typing import Any
 
 from hypothesis.errors import UnsatisfiedAssumption
 
-from .casefiles import CaseFileError, case_from_fields, claim_from_fields, definition_of, load_case, replay_command
-from .containment import CudaContextLost, is_sticky_cuda_error
-from .shards import property_name
+from gqa_decode_fuzz.engine.containment import CudaContextLost, is_sticky_cuda_error
+from gqa_decode_fuzz.runner.shards import property_name
+
+from .casefiles import (
+    CaseFileError,
+    case_from_fields,
+    claim_from_fields,
+    definition_of,
+    load_case,
+    replay_command,
+)
 
 __all__ = [
     "Budget", "Cause", "Failure", "Prober", "as_json", "failures_of_run", "find_causes", "load", "save", "short_case",
@@ -140,7 +148,7 @@ class Prober:
         """Whether ``prop``'s claim fails on ``case`` with ``draws``, the implementation called with ``knobs``
         (else its defaults); None when the probe could not decide (budget spent, the claim does not apply to the
         case, the suite out of memory, the context lost)."""
-        from ..cases import SuiteOutOfMemory, unobserved, using_definition
+        from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory, unobserved, using_definition
 
         if self.stopped or not self.budget.left():
             self.stopped = self.stopped or (f"budget spent ({self.budget.used} probes, "
@@ -367,8 +375,8 @@ def _far_below_zero(case: Any) -> bool:
 
 @functools.lru_cache(maxsize=512)
 def _far_below_in(case: Any, definition: str) -> bool:  # ``definition``: the key a case of None's resolves to
-    from ..cases import build, unobserved, using_definition
-    from ..checks import oracle_of
+    from gqa_decode_fuzz.generation.cases import build, unobserved, using_definition
+    from gqa_decode_fuzz.properties.checks import oracle_of
 
     with using_definition(case.shape), unobserved():
         reference = oracle_of(build(case, "cpu", observe=False))
@@ -530,7 +538,7 @@ def _in_its_definition(value: Any, payload: dict) -> Any:
     """A case as its probes build it, naming its definition unless it is the seed's (a case naming none is built for
     the seed's, the default a probe moves toward). An explicit example's case names none even where it ran under
     another definition: the one its case file was found under is written in."""
-    from ..cases import definitions
+    from gqa_decode_fuzz.generation.cases import definitions
 
     if not dataclasses.is_dataclass(value) or not hasattr(value, "definition"):
         return value

@@ -9,10 +9,9 @@ import math
 
 import torch
 
-from . import sibling
-from .cases import DecodeInputs
+from gqa_decode_fuzz.reference import Reference
 
-Reference = sibling("reference").Reference
+from .cases import DecodeInputs
 
 
 def sequence_bounds(inputs: DecodeInputs) -> list[tuple[int, int]]:

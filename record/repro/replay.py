@@ -1,4 +1,4 @@
-"""Replay a saved failure: ``python -m properties.repro FILE [--device cpu|cuda] [--impl TARGET]``.
+"""Replay a saved failure: ``python -m gqa_decode_fuzz.record.repro FILE [--device cpu|cuda] [--impl TARGET]``.
 
 Loads a case file written by the suite (``failures/*.pt``), runs the implementation
 on the recorded inputs (same values, shapes and strides) on the chosen device (in a
@@ -23,7 +23,7 @@ _CALL_ARGUMENTS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_las
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m properties.repro", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gqa_decode_fuzz.record.repro", description=__doc__.splitlines()[0])
     parser.add_argument("file", metavar="FILE", type=Path, help="a case file under failures/")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where to replay: cuda, cpu (Triton interpreter), auto (cuda when available)")
@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _header(payload: dict, device, impl_spec: str) -> list[str]:
-    from .._plugin.casefiles import device_name, versions
+    from gqa_decode_fuzz.record.casefiles import device_name, versions
 
     then = payload["versions"]
     now = versions()
@@ -73,9 +73,16 @@ def _solution_lines(recorded: dict | None, target) -> list[str]:
 def _replay_call(number: int, call: dict, impl, device, png: Path | None, title: str, case) -> bool | None:
     """Replay one recorded call; print its layout and diagnosis; True when it fails, None when the file
     cannot rebuild it."""
-    from .. import sibling
-    from .._plugin.casefiles import CaseFileError, restore_call
-    from .diagnosis import describe_layout, describe_mismatch, ratios, sequence_lengths, write_heatmap
+    from gqa_decode_fuzz import reference
+    from gqa_decode_fuzz.record.casefiles import CaseFileError, restore_call
+
+    from .diagnosis import (
+        describe_layout,
+        describe_mismatch,
+        ratios,
+        sequence_lengths,
+        write_heatmap,
+    )
 
     try:
         args, kwargs = restore_call(call, device, case)
@@ -96,7 +103,7 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
         return True
     known = dict(zip(("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale", "kv_last_page_len"), args))
     known.update({k: v for k, v in kwargs.items() if k in ("sm_scale", "kv_last_page_len")})
-    reference = sibling("reference").attend(*args[:5], known.get("sm_scale"), known.get("kv_last_page_len"))
+    reference = reference.attend(*args[:5], known.get("sm_scale"), known.get("kv_last_page_len"))
     lengths = sequence_lengths(known["kv_indptr"], known.get("kv_last_page_len"), known["k_cache"].shape[1])
     group = known["q"].shape[1] // known["k_cache"].shape[2]
     lines, failed = describe_mismatch(output, lse, reference, lengths, group)
@@ -125,11 +132,11 @@ def _replay_calls(calls: list[dict], options, impl, device, payload: dict, case)
 def main(argv: list[str] | None = None) -> int:
     """Replay a case file; see the module docstring for the exit status."""
     options = _parser().parse_args(argv)
-    from .._plugin.casefiles import CaseFileError, definition_of, load_case
-    from .._plugin.isolated_impl import load_target_for
-    from .._plugin.isolation import isolated
-    from .._plugin.target import DEFAULT_IMPL, DeviceError, ImplSpecError, resolve_device
-    from ..cases import definitions
+    from gqa_decode_fuzz.engine.isolated_impl import load_target_for
+    from gqa_decode_fuzz.engine.isolation import isolated
+    from gqa_decode_fuzz.engine.target import DEFAULT_IMPL, DeviceError, ImplSpecError, resolve_device
+    from gqa_decode_fuzz.generation.cases import definitions
+    from gqa_decode_fuzz.record.casefiles import CaseFileError, definition_of, load_case
 
     try:
         device = resolve_device(options.device)  # before any Triton kernel is imported
@@ -153,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
 def _replay(options, payload: dict, target, definition, device, impl_spec: str, solution: dict | None,
             in_child: bool) -> int:
     """Replay the recorded calls through ``target``; the exit status of ``main``."""
-    from .._plugin.casefiles import case_from_fields
-    from .._plugin.containment import is_sticky_cuda_error
-    from .._plugin.target import ImplSpecError
-    from ..cases import using_definition
+    from gqa_decode_fuzz.engine.containment import is_sticky_cuda_error
+    from gqa_decode_fuzz.engine.target import ImplSpecError
+    from gqa_decode_fuzz.generation.cases import using_definition
+    from gqa_decode_fuzz.record.casefiles import case_from_fields
 
     try:
         impl = target.serving(definition)  # a destination-passing one through the suite's adapter, as in the run

@@ -13,7 +13,7 @@ reference to it (``{"built": "k_cache"}``) and rebuilt on replay, also after a C
 fault has made device memory unreadable. Any other tensor (a slice, a transformed
 copy) is saved whole, with its strides and the junk between its elements, while the
 file stays under ``MAX_CASE_FILE_BYTES``; beyond that it is described, not saved.
-``python -m properties.repro FILE`` replays the file on CPU or GPU.
+``python -m gqa_decode_fuzz.record.repro FILE`` replays the file on CPU or GPU.
 """
 
 from __future__ import annotations
@@ -33,9 +33,7 @@ from typing import Any
 
 import torch
 
-from .. import NAMESPACE
-
-REPLAY_MODULE = f"{NAMESPACE}.properties.repro" if NAMESPACE else "properties.repro"
+REPLAY_MODULE = "gqa_decode_fuzz.record.repro"
 FORMAT = "gqa-decode-case/2"
 INDEX_NAME = "index.jsonl"
 MAX_CASE_FILE_BYTES = 4 * 2**20
@@ -196,7 +194,7 @@ def _restored(value: Any, device: torch.device, built: Any) -> Any:
 def restore_call(call: dict, device: torch.device | str, case: Any = None) -> tuple[tuple, dict]:
     """A recorded call's arguments on ``device``, with their original strides; built arguments are rebuilt
     from ``case`` (a ``DecodeCase``)."""
-    from ..cases import build
+    from gqa_decode_fuzz.generation.cases import build
 
     device = torch.device(device)
     needs_build = any(isinstance(v, dict) and "built" in v for v in [*call["args"], *call["kwargs"].values()])
@@ -233,7 +231,7 @@ def claim_from_fields(fields: dict | None) -> tuple[Any, dict] | None:
 
 def case_from_fields(fields: dict | None) -> Any:
     """The ``DecodeCase`` a case file describes (None when the example was built otherwise)."""
-    from ..cases import DecodeCase
+    from gqa_decode_fuzz.generation.cases import DecodeCase
 
     if not fields:
         return None
@@ -334,7 +332,7 @@ def save_case(
 
 def _definition_of(case: Any):
     """The definition a recorded example ran under: its case's, else the active one."""
-    from ..cases import active_definition
+    from gqa_decode_fuzz.generation.cases import active_definition
 
     return case.shape if hasattr(case, "shape") else active_definition()
 
@@ -342,7 +340,7 @@ def _definition_of(case: Any):
 def definition_of(payload: dict):
     """The definition a case file was found under (registered in this process, so its case rebuilds); files from
     before definitions were recorded ran under the seed's."""
-    from ..cases import definitions
+    from gqa_decode_fuzz.generation.cases import definitions
 
     data = payload.get("definition")
     if data is None:

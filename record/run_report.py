@@ -28,10 +28,12 @@ from typing import Any
 
 from hypothesis.errors import HypothesisException
 
-from ..stages import SAMPLE_EVERY, STAGES, StageClock
-from . import causes, isolation, mps
+from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.generation.stages import SAMPLE_EVERY, STAGES, StageClock
+from gqa_decode_fuzz.runner.shards import example_targets, property_name
+
+from . import causes, mps
 from .casefiles import replay_command
-from .shards import example_targets, property_name
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "warm_up", "write_report"]
 

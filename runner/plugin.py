@@ -7,7 +7,7 @@ stage owned by one module:
 
   strategy (``strategies``) -> builder (``cases``) -> guarded call (``containment``) ->
   oracle, bound and comparison (``reference``) -> verdict (``SuiteRun.pytest_runtest_makereport``)
-  -> case file (``casefiles``) -> run report (``run_report``) -> replay (``properties.repro``).
+  -> case file (``casefiles``) -> run report (``run_report``) -> replay (``record.repro``).
 
 An xdist controller whose workers share a GPU starts an MPS server of the run's own for them
 (``mps_server``, ``--mps``). Under MPS (``gpus.mps_control_pipe``) a crash is believed only once its
@@ -26,27 +26,27 @@ from . import gpus
 
 # An xdist worker claims its GPU before anything can initialise CUDA in this process.
 PIN = gpus.pin_this_worker()
+# ruff: noqa: E402  (everything below is imported after the pin, on purpose)
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import datetime  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-from typing import TYPE_CHECKING, Any  # noqa: E402
+import argparse
+import contextlib
+import datetime
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
-import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
-from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker  # noqa: E402
+import pytest
+from hypothesis import settings
+from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker
 
-from .. import sibling  # noqa: E402
-from . import isolation, mps, mps_server, profiles, shards  # noqa: E402
-from .target import (  # noqa: E402
+from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine.target import (
     DEFAULT_IMPL,
     DeviceError,
     ImplSpecError,
@@ -56,6 +56,9 @@ from .target import (  # noqa: E402
     device_type,
     resolve_device,
 )
+from gqa_decode_fuzz.record import mps
+
+from . import mps_server, profiles, shards
 
 # Loaded with this plugin however it is loaded (conftest.py, or an installed copy's pytest11 entry point): an xdist
 # worker's prompt end of process and every process's frozen garbage-collector generation (``prompt_exit``).
@@ -64,8 +67,9 @@ pytest_plugins = [__name__.rpartition(".")[0] + ".prompt_exit"]
 if TYPE_CHECKING:
     import torch
 
-    from ..sizes import SizeLimits
-    from .casefiles import ArtifactBudget
+    from gqa_decode_fuzz.generation.sizes import SizeLimits
+    from gqa_decode_fuzz.record.casefiles import ArtifactBudget
+
     from .suite_run import SuiteRun
 
 RUN_ID_ENV = "GQA_DECODE_RUN_ID"
@@ -306,7 +310,7 @@ def _isolated(option: argparse.Namespace) -> bool:
 def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, definition: Any) -> Target:
     """The implementation: imported here, or (isolated) in a child process that reports its declarations.
     ``definition``: the one ``--definition`` names, if any (a Solution file for another is refused)."""
-    from .isolated_impl import load_target_for
+    from gqa_decode_fuzz.engine.isolated_impl import load_target_for
 
     option = config.option
     return load_target_for(plan.spec, config.rootpath, device.type, definition, isolated=plan.isolated,
@@ -327,9 +331,8 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
 
 def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     """The plan with torch's device and the loaded implementation; a usage error where either fails."""
-    from .casefiles import ArtifactBudget
-
-    definitions = sibling("reference.definitions")
+    from gqa_decode_fuzz.record.casefiles import ArtifactBudget
+    from gqa_decode_fuzz.reference import definitions
     option = config.option
     try:
         # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
@@ -373,7 +376,7 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
     """``--workloads``' lines as cases of the run's one definition; a usage error naming what cannot be built."""
     if not spec:
         return ()
-    from .. import workloads
+    from gqa_decode_fuzz.generation import workloads
 
     if len(chosen) != 1:
         raise pytest.UsageError(f"--workloads={spec!r}: a workload file belongs to one definition; --definition "
@@ -521,7 +524,7 @@ def impl(pytestconfig: pytest.Config) -> Callable:
 def suite_definition(request: pytest.FixtureRequest):
     """The definition this test item runs under (a parameter where the run names several): cases are drawn and
     built for it, and the implementation is bound to it, while the item runs."""
-    from .. import cases
+    from gqa_decode_fuzz.generation import cases
 
     run = request.config.stash.get(RUN, None)
     definition = getattr(request, "param", None) or (run.definitions[0] if run is not None else None)

@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import NAMESPACE, sibling
-from . import gpus
+from gqa_decode_fuzz.runner import gpus
 
-DEFAULT_IMPL = f"{NAMESPACE}.kernel:run" if NAMESPACE else "kernel:run"
+DEFAULT_IMPL = "gqa_decode_fuzz.kernel:run"
 
 __all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "check_spec", "confirm_device", "device_type",
            "declared_by", "in_definition_order", "load_callable", "load_impl", "load_target", "make_target",
@@ -67,7 +66,7 @@ def resolve_device(choice: str):
         raise DeviceError("--device=cuda but torch sees no CUDA device; try --device=cpu")
     if choice == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-        sibling("kernel._interpreter_compat").install()
+        importlib.import_module("gqa_decode_fuzz.kernel._interpreter_compat").install()
     return torch.device(choice)
 
 
@@ -250,9 +249,9 @@ def _solution_path(spec: str, root: Path | None) -> Path:
 def solution_and_definition(spec: str, root: Path | None, definition: Any) -> tuple:
     """A Solution file's ``solutions.Solution`` and its definition, read and checked without importing its code;
     ``ImplSpecError`` where ``definition`` (``--definition``'s) is another one."""
-    from . import solutions
+    from gqa_decode_fuzz.reference import definitions
 
-    definitions = sibling("reference.definitions")
+    from . import solutions
     solution = solutions.read_solution(_solution_path(spec, root))
     if definition is not None and definition.name != solution.definition:
         raise ImplSpecError(f"--impl={spec!r} implements {solution.definition!r} but --definition={definition.name!r}"

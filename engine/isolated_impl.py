@@ -27,7 +27,9 @@ from typing import Any, NoReturn
 import torch
 import torch.multiprocessing
 
-from . import gpus, isolation_child
+from gqa_decode_fuzz.runner import gpus
+
+from . import isolation_child
 from .isolation import (
     BASE_TIMEOUT_S,
     CALL_TIMEOUT_ENV,
@@ -42,7 +44,13 @@ from .isolation import (
     call_deadline,
 )
 from .isolation_child import copied, copy_back
-from .target import ImplSpecError, Target, load_target, make_target, solution_and_definition
+from .target import (
+    ImplSpecError,
+    Target,
+    load_target,
+    make_target,
+    solution_and_definition,
+)
 
 START_TIMEOUT_S = 120.0  # spawn, import torch and the target (and a sanitizer's start)
 SANITIZED_SLOWDOWN = 10.0  # a sanitized child's calls may take this many times the deadline: instrumented kernels
@@ -487,7 +495,7 @@ class SanitizerShare:
         """Whether the running example's calls go to the sanitized child."""
         from hypothesis import strategies as st
 
-        from . import shards
+        from gqa_decode_fuzz.runner import shards
 
         example = shards.running_example()
         if example is None:  # an explicit example: with every 1 it too (on the H200 one ran plain and passed)

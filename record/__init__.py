@@ -1,0 +1,3 @@
+"""The record of a run: case files, their replay (``python -m gqa_decode_fuzz.record.repro FILE``), crashes
+replayed alone under MPS, root causes and the run report.
+"""
