@@ -28,11 +28,13 @@ import torch
 
 from .cases import DecodeCase
 
-__all__ = ["Workload", "WorkloadError", "read_safetensors", "read_workloads", "workload_case"]
+__all__ = ["Workload", "WorkloadError", "read_safetensors", "read_workloads", "workload_case", "workload_tensors",
+           "write_safetensors", "write_workload"]
 
 _DRAWN = ("q", "k_cache", "v_cache")  # the builder's own
 _INDICES = ("kv_indptr", "kv_indices", "kv_last_page_len")
-_SAFETENSORS_DTYPES = {"I32": torch.int32, "I64": torch.int64}
+_SAFETENSORS_DTYPES = {"I32": torch.int32, "I64": torch.int64, "BF16": torch.bfloat16, "F32": torch.float32}
+_DEFINITION_DTYPES = {"int32": torch.int32, "int64": torch.int64, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class WorkloadError(ValueError):
@@ -87,8 +89,9 @@ def _workload(line: str, origin: str, root: Path) -> Workload:
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The integer tensors of a safetensors file (8-byte little-endian header size, a JSON header of
-    ``{name: {dtype, shape, data_offsets}}``, then the bytes); other dtypes are refused."""
+    """The tensors of a safetensors file (8-byte little-endian header size, a JSON header of
+    ``{name: {dtype, shape, data_offsets}}``, then the bytes); dtypes other than ``_SAFETENSORS_DTYPES`` are
+    refused."""
     data = path.read_bytes()
     (size,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + size])
@@ -99,15 +102,42 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             continue
         dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype"))
         if dtype is None:
-            raise WorkloadError(f"{path}: tensor {name!r} is {entry.get('dtype')}; only index tensors "
-                                f"({', '.join(_SAFETENSORS_DTYPES)}) are read")
+            raise WorkloadError(f"{path}: tensor {name!r} is {entry.get('dtype')}; only "
+                                f"{', '.join(_SAFETENSORS_DTYPES)} are read")
         begin, end = entry["data_offsets"]
         flat = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if end > begin else torch.zeros(0, dtype=dtype)
         tensors[name] = flat.view(entry["shape"])
     return tensors
 
 
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` (of ``_SAFETENSORS_DTYPES``) as one safetensors file, in the layout ``read_safetensors``
+    reads: each tensor's bytes contiguous, little-endian, in the given order; the header padded to 8 bytes."""
+    names = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
+    header, chunks, offset = {}, [], 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in names:
+            raise WorkloadError(f"{path}: tensor {name!r} is {tensor.dtype}; only {', '.join(names)} are written")
+        data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks))
+
+
 def _blob(workload: Workload, name: str, spec: dict) -> torch.Tensor:
+    tensor = _blob_tensor(workload, name, spec)
+    if tensor.dtype not in (torch.int32, torch.int64):
+        raise workload.fail(f"input {name!r}: an index tensor must be I32 or I64, not {tensor.dtype}")
+    return tensor.flatten().long()
+
+
+def _blob_tensor(workload: Workload, name: str, spec: dict) -> torch.Tensor:
+    """The tensor a safetensors input names, its blob looked for from the workload file's folder upward."""
     relative = spec.get("path")
     if not isinstance(relative, str) or not isinstance(spec.get("tensor_key"), str):
         raise workload.fail(f"input {name!r}: a safetensors input needs 'path' and 'tensor_key'")
@@ -120,7 +150,7 @@ def _blob(workload: Workload, name: str, spec: dict) -> torch.Tensor:
     tensors = read_safetensors(path)
     if spec["tensor_key"] not in tensors:
         raise workload.fail(f"input {name!r}: {path} has no tensor {spec['tensor_key']!r}")
-    return tensors[spec["tensor_key"]].flatten().long()
+    return tensors[spec["tensor_key"]]
 
 
 def _index(workload: Workload, name: str) -> torch.Tensor | None:
@@ -183,3 +213,66 @@ def workload_case(workload: Workload, definition: Any) -> DecodeCase:
     seed = int.from_bytes(hashlib.sha256(workload.uuid.encode()).digest()[:4], "little")
     return DecodeCase(lengths=lengths, page_layout="given", given_pages=pages, spare_pages=spare,
                       scale=_scale(workload), seed=seed, definition=definition.name)
+
+
+# ---- the benchmark's view, and writing ------------------------------------------------------
+
+
+def _input_shapes(definition: Any) -> dict[str, dict]:
+    """Each input's axis names (None for a scalar) and dtype, as the definition file states them."""
+    return definition.to_json()["inputs"]
+
+
+def workload_tensors(workload: Workload, definition: Any) -> dict[str, Any]:
+    """Every input of a workload as the benchmark's loader takes it: a safetensors input's tensor checked to have
+    the shape its definition gives at the workload's axes and the definition's dtype, a scalar's value; a random
+    input is absent."""
+    if workload.definition != definition.name:
+        raise workload.fail(f"it is a workload of {workload.definition!r}, not of {definition.name!r}")
+    constants = {name: axis["value"] for name, axis in definition.to_json()["axes"].items() if "value" in axis}
+    values: dict[str, Any] = {}
+    for name, declared in _input_shapes(definition).items():
+        spec = workload.inputs.get(name, {"type": "random"})
+        if spec.get("type") == "scalar":
+            values[name] = spec.get("value")
+        elif spec.get("type") == "safetensors":
+            tensor = _blob_tensor(workload, name, spec)
+            try:
+                expected = [constants[axis] if axis in constants else workload.axes[axis] for axis in declared["shape"]]
+            except KeyError as missing:
+                raise workload.fail(f"input {name!r}: axis {missing} is not among the workload's axes") from None
+            if list(tensor.shape) != expected or tensor.dtype != _DEFINITION_DTYPES[declared["dtype"]]:
+                raise workload.fail(f"input {name!r} is {list(tensor.shape)} {tensor.dtype}; the definition "
+                                    f"wants {expected} {declared['dtype']}")
+            values[name] = tensor
+    return values
+
+
+def write_workload(root: Path, inputs: Any, definition: Any, uuid: str) -> dict[str, Any]:
+    """One call (``cases.DecodeInputs``) as a FlashInfer-Bench workload in the trace set whose root is ``root``:
+    its tensors, contiguous and in the definition's dtypes, in ``blob/workloads/gqa_paged/<definition>/
+    <definition>_<uuid>.safetensors``, and its line appended to ``workloads/gqa_paged/<definition>.jsonl`` (the
+    benchmark's own layout; blob paths relative to the root). ``sm_scale`` is a scalar (the definition's default
+    where the call left it out). Returns the line and both paths."""
+    shapes = _input_shapes(definition)
+    variable = {name for name, axis in definition.to_json()["axes"].items() if axis.get("type") == "var"}
+    tensors, axes = {}, {}
+    for name in definition.arguments:
+        if name == "sm_scale":
+            continue
+        tensor = getattr(inputs, name).detach().to("cpu").contiguous().to(_DEFINITION_DTYPES[shapes[name]["dtype"]])
+        tensors[name] = tensor
+        axes.update((axis, int(size)) for axis, size in zip(shapes[name]["shape"], tensor.shape) if axis in variable)
+    blob = f"blob/workloads/gqa_paged/{definition.name}/{definition.name}_{uuid}.safetensors"
+    write_safetensors(root / blob, tensors)
+    scale = definition.default_sm_scale if inputs.sm_scale is None else float(inputs.sm_scale)
+    described = {name: {"type": "safetensors", "path": blob, "tensor_key": name} for name in tensors}
+    line = {"definition": definition.name,
+            "workload": {"uuid": uuid, "axes": axes, "inputs": {**described, "sm_scale": {"type": "scalar",
+                                                                                         "value": scale}}},
+            "solution": None, "evaluation": None}
+    jsonl = root / "workloads" / "gqa_paged" / f"{definition.name}.jsonl"
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    with open(jsonl, "a", encoding="utf-8") as file:
+        file.write(json.dumps(line) + "\n")
+    return {"jsonl": str(jsonl), "safetensors": str(root / blob), "uuid": uuid, "line": line}
