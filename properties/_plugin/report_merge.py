@@ -73,17 +73,25 @@ def read_part(path: Path) -> list[dict]:
     return lines
 
 
-def case_files(directories: Iterable[Path]) -> dict[str, Path]:
-    """The case files (``*.pt``) under ``directories``, by file name (unique per run: ``casefiles._file_name``)."""
-    return {path.name: path for directory in directories for path in sorted(directory.rglob("*.pt"))}
+def case_files(directories: Iterable[Path]) -> dict[str, list[Path]]:
+    """The case files (``*.pt``) under ``directories``, by file name."""
+    found: dict[str, list[Path]] = {}
+    for directory in directories:
+        for path in sorted(directory.rglob("*.pt")):
+            found.setdefault(path.name, []).append(path.resolve())
+    return found
 
 
-def _relocated(case_file: str | None, found: dict[str, Path]) -> str | None:
-    """Where a part's case file lies now: found by its name under the merged directories, else as written."""
+def _relocated(case_file: str | None, part: Path, found: dict[str, list[Path]]) -> str | None:
+    """Where a part's case file lies now: found by its name under the merged directories (where two jobs' files
+    share a name, the one nearest the part: its own job's folder), else as written."""
     if not case_file:
         return None
     here = found.get(Path(case_file).name)
-    return str(here.resolve()) if here is not None else case_file
+    if not here:
+        return case_file
+    part = part.resolve()
+    return str(max(here, key=lambda path: len(os.path.commonpath([path, part]))))
 
 
 _PARAMETERS = re.compile(r"\[(.*)\]$")
@@ -117,7 +125,7 @@ class Gathered:
             for line in lines:
                 nodeid = qualified(line["nodeid"], line.get("definition")) if several else line["nodeid"]
                 merged = {**line, "nodeid": nodeid, "property": property_name(nodeid),
-                          "case_file": _relocated(line.get("case_file"), found),
+                          "case_file": _relocated(line.get("case_file"), path, found),
                           "worker": f"{line.get('host') or path.parent.name}/{line.get('worker', '?')}"}
                 self.renamed[(path.parent, line["property"])] = merged["property"]
                 self.lines.append((path, merged))
