@@ -60,6 +60,18 @@ def test_two_hosts_parts_merge_into_one_report_with_one_set_of_causes(two_hosts,
     assert (out / "summary.png").is_file()
 
 
+def test_with_the_implementation_the_merge_probes_every_hosts_failures_into_one_set_of_causes(two_hosts, tmp_path):
+    """Probed again here (the CPU standing for the merge job's GPU): the one defect is one cause over both hosts,
+    whichever of its properties each host happened to fail."""
+    out = tmp_path / "probed"
+    assert main(["merge-reports", str(two_hosts), "--out", str(out), "--impl=tests/impls/nonpositive_scale_nan.py:run",
+                 "--device=cpu"]) == 0
+    saved = json.loads((out / "causes.json").read_text())
+    (cause,) = saved["causes"]
+    assert set(cause["properties"]) == {BOUND, EMPTIES}, saved
+    assert saved["probes"]["used"] > 0 and saved["probes"]["stopped"] is None, saved["probes"]
+
+
 def _synthetic_host(root, tag: str, prop: str, needs: list[str]) -> None:
     """A host's run folder by hand: one failing line of ``prop`` and its own cause, needing ``needs``."""
     run = root / tag / "reports" / f"run-{tag}"
