@@ -18,6 +18,7 @@ ERROR = 2
 # subcommand: the module of this package that owns it (``HELP``, ``add_arguments(parser)``, ``run(args) -> int``)
 SUBCOMMANDS = {
     "check": "check",
+    "merge-reports": "merge",
 }
 
 

@@ -61,7 +61,8 @@ from .casefiles import (
 )
 
 __all__ = [
-    "Budget", "Cause", "Failure", "Prober", "as_json", "failures_of_run", "find_causes", "load", "save", "short_case",
+    "Budget", "Cause", "Failure", "Prober", "as_json", "failures_of_run", "find_causes", "grouped", "load", "save",
+    "short_case",
     "summary_lines",
 ]
 
@@ -552,6 +553,12 @@ def as_json(causes: list[Cause], prober: Prober) -> dict:
     return {"causes": [cause.to_json() for cause in causes],
             "probes": {"tried": prober.tried, "used": budget.used, "limit": budget.probes,
                        "seconds": round(budget.spent, 2), "seconds_limit": budget.seconds, "stopped": prober.stopped}}
+
+
+def grouped(failures: list[Failure], prober: Prober) -> dict:
+    """``failures`` grouped into causes by ``prober`` (``find_causes``), as ``causes.json`` holds them: the one
+    grouping of a run's end and of a merge of many hosts' reports (``report_merge``)."""
+    return as_json(find_causes(failures, prober), prober)
 
 
 def save(directory: Path, saved: dict) -> None:

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -172,12 +173,14 @@ class ItemCounter:
 
     def flush(self, directory: Path, worker: str, seconds: float, gpu: str | None = None, *,
               outcome: str | None = None, tier: str | None = None, case_file: str | os.PathLike | None = None,
-              error: str | None = None, started: float | None = None) -> None:
+              error: str | None = None, started: float | None = None, definition: str | None = None) -> None:
         """Append the current item's tally to this process's part file, with the worker, its GPU and the outcome.
 
         ``outcome`` is one of ``OUTCOMES`` (None: inferred at merge from the failing examples); ``tier`` the
         contract tier that ran; ``case_file`` the saved counterexample; ``error`` the failure message (only its
-        first line is kept); ``started`` the item's start in epoch seconds (default: now minus ``seconds``).
+        first line is kept); ``started`` the item's start in epoch seconds (default: now minus ``seconds``);
+        ``definition`` the definition it ran under. The part file is named by host (``host_tag``), worker and
+        process, so parts of one sweep's hosts never collide where they are gathered.
         An item that built no case is not written, unless it has an outcome other than "passed" (a skipped,
         stopped or crashed item may build none).
         """
@@ -189,10 +192,21 @@ class ItemCounter:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         line = {**tally.as_json(), "worker": worker, "gpu": gpu, "outcome": outcome, "tier": tier,
                 "case_file": None if case_file is None else str(case_file), "error": _first_line(error),
-                "started": time.time() - seconds if started is None else started}
+                "started": time.time() - seconds if started is None else started, "host": host_tag(),
+                "definition": definition}
         directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / f"parts-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
+        with open(directory / f"parts-{host_tag()}-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
             part.write(json.dumps(line) + "\n")
+
+
+HOST_TAG_ENV = "GQA_DECODE_HOST_TAG"
+
+
+def host_tag() -> str:
+    """This host's name in part files: ``GQA_DECODE_HOST_TAG`` (a CI job's id), else the host name; only letters,
+    digits, dots and dashes (a part's file name holds it)."""
+    tag = os.environ.get(HOST_TAG_ENV) or socket.gethostname() or "host"
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", tag).strip("-") or "host"
 
 
 # ---- outcomes and verdicts ------------------------------------------------------------------

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
 
-__all__ = ["INFRASTRUCTURE", "SuiteRun", "release_frames"]
+__all__ = ["INFRASTRUCTURE", "SuiteRun", "guarded_impl", "release_frames"]
 
 
 def release_frames(error: BaseException | None) -> None:
@@ -104,6 +104,22 @@ def _as_declared(target: Target, function: Callable) -> Callable:
         return output, lse
 
     return call
+
+
+def guarded_impl(target: Target, guard: Guard, on_call: Callable[[tuple, dict], None], knob_draws: knobs.KnobDraws,
+                 *, isolated: bool) -> Callable:
+    """``target`` bound to the active definition, as declared, each call reported to ``on_call`` and its faults
+    contained by ``guard``, its knobs drawn, its time counted as the kernel stage: what a run's tests and its
+    root-cause probes call, and what ``report_merge`` probes a merged report's failures with."""
+
+    @functools.wraps(target.function)
+    def in_active_definition(*args, **kwargs):
+        return target.serving(cases.active_definition())(*args, **kwargs)
+
+    # The knobs outside the recorder: each recorded call holds the values it ran with, so a case file replays
+    # them and the root-cause probes take them.
+    guarded = guard.wrap(_as_declared(target, in_active_definition), on_call, settles=not isolated)
+    return stages.timed("kernel", knob_draws.applied_to(guarded))
 
 
 def _solution_record(target: Target) -> dict | None:
@@ -177,17 +193,8 @@ class SuiteRun:
     def guarded_impl(self) -> Callable:
         """The implementation under test as the ``impl`` fixture gives it: its calls recorded, its knobs drawn,
         its faults contained, its time counted as the kernel stage."""
-        target = self.state.target
-
-        @functools.wraps(target.function)
-        def in_active_definition(*args, **kwargs):
-            return target.serving(cases.active_definition())(*args, **kwargs)
-
-        # The knobs outside the recorder: each recorded call holds the values it ran with, so a case file replays
-        # them and the root-cause probes take them.
-        guarded = self.guard.wrap(_as_declared(target, in_active_definition), self.recorder.note_call,
-                                  settles=not self.state.isolated)
-        return stages.timed("kernel", self.knob_draws.applied_to(guarded))
+        return guarded_impl(self.state.target, self.guard, self.recorder.note_call, self.knob_draws,
+                            isolated=self.state.isolated)
 
     # ---- session -------------------------------------------------------------------------------
 
@@ -312,7 +319,8 @@ class SuiteRun:
                 getattr(item, "obj", None), item.path):
             seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
             self.counter.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
-                             tier=self.state.contract, **self.outcomes.pop(item.nodeid, {}))
+                             tier=self.state.contract, definition=self._definition_of(item).name,
+                             **self.outcomes.pop(item.nodeid, {}))
 
     def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
         error = call.excinfo.value
@@ -460,10 +468,9 @@ class SuiteRun:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True
         try:
-            found = causes.find_causes(failures, prober)
+            return causes.grouped(failures, prober)
         finally:
             self.probing = False
-        return causes.as_json(found, prober)
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         """The xdist controller's first property started on a worker: warm the run report's plotting up in a
