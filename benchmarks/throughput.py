@@ -93,29 +93,32 @@ def measure_stages(device, impl, limits, examples: int, clock: stages.StageClock
               suppress_health_check=list(HealthCheck))
     @given(case=decode_cases(limits=limits))
     def one_example(case):
-        clock.begin_example()
         run_and_check(kernel, build(case, device), str(case))
 
+    one_example.hypothesis.inner_test = clock.timing(one_example.hypothesis.inner_test)
     stages.install(clock)
+    clock.begin_item("benchmark")
     start = time.perf_counter()
     try:
         one_example()
     finally:
         stages.uninstall()
     wall = time.perf_counter() - start
-    spent = clock.take()
-    spent["examples"] = spent.pop("sampled")
-    spent["generation"] = wall - sum(spent[s] for s in STAGES[1:])  # Hypothesis: drawing, engine
-    spent["wall"] = wall
-    return spent
+    taken = clock.take()
+    return {"examples": len(taken["examples"]), "wall": wall, "summary": stages.summarise(taken["examples"]),
+            "first": taken["first"]}
 
 
-def _stages_table(spent: dict[str, float]) -> list[str]:
-    count = spent["examples"]
-    lines = [f"{'stage':<12}{'ms/example':>12}{'share':>8}"]
-    for stage in STAGES:
-        lines.append(f"{stage:<12}{1e3 * spent[stage] / count:>12.2f}{100 * spent[stage] / spent['wall']:>7.1f}%")
-    lines.append(f"{'total':<12}{1e3 * spent['wall'] / count:>12.2f}   -> {count / spent['wall']:.1f} examples/s")
+def _stages_table(spent: dict) -> list[str]:
+    """Median, p90 and share per column of the timed examples (the first one apart), and examples/s."""
+    summary = spent["summary"] or {}
+    lines = [f"{'stage':<12}{'median ms':>11}{'p90 ms':>9}{'share':>8}"]
+    for name in (*stages.COLUMNS, "total"):
+        if name in summary:
+            column = summary[name]
+            lines.append(f"{name:<12}{column['median']:>11.3f}{column['p90']:>9.3f}{100 * column['share']:>7.1f}%")
+    rate = spent["examples"] / spent["wall"] if spent["wall"] else float("nan")
+    lines.append(f"{spent['examples']} examples in {spent['wall']:.2f} s -> {rate:.1f} examples/s")
     return lines
 
 
@@ -144,7 +147,7 @@ def run_stages(options) -> dict:
     print(f"stages on {name}, {options.impl}, case sizes {limits}")
     print("\n".join(_stages_table(spent)))
     return {"device": name, "impl": options.impl, "limits": str(limits), **spent,
-            "examples_per_second": spent["examples"] / spent["wall"]}
+            "examples_per_second": spent["examples"] / spent["wall"] if spent["wall"] else None}
 
 
 def run_syncs(options) -> dict:
@@ -288,9 +291,11 @@ def run_scaling(options) -> dict:
               f"{run['examples_per_second'] / base:>7.2f}{_tests_rate(run):>11.1f}{_tests_rate(run) / tests_base:>7.2f}"
               f"  {run['summary']}")
     for run in runs[-1:]:
-        if run["stages_ms_per_example"]:
-            print("stages of the last run, ms per example in one worker: " + ", ".join(
-                f"{name} {ms:.2f}" for name, ms in run["stages_ms_per_example"].items()))
+        steady = (run["stages_ms_per_example"] or {}).get("steady")
+        if steady:
+            print(f"stages of the last run, one worker, medians over {steady['total']['count']} timed examples: "
+                  + ", ".join(f"{name} {steady[name]['median']:.3f} ms ({100 * steady[name]['share']:.0f}%)"
+                              for name in (*stages.COLUMNS, "total")))
     return {"profile": options.profile, "max_examples": options.max_examples,
             "workers_per_gpu": options.workers_per_gpu, "runs": runs}
 

@@ -2,69 +2,156 @@
 
 The builder, the ``impl`` fixture, the oracle and the comparison each run inside
 ``stage(name)``. Nothing is timed unless a ``StageClock`` is installed (the plugin
-installs one per process). A GPU runs asynchronously, so a clock synchronises the device
-at the edges of each stage, but only in the examples it samples (one in ``every``, at random), so
-that timing costs the run almost nothing. Time outside the stages (Hypothesis drawing
-and shrinking, the test body's own glue) is "generation", the remainder.
+installs one per process) and the example runs through ``StageClock.timing`` (the plugin
+wraps each Hypothesis example in it, outermost). A GPU runs asynchronously, so a clock
+synchronises the device at the edges of each stage, but only in the examples it samples (one
+in ``every``, at random), so that timing costs the run almost nothing.
+
+A sampled example's time is split into ``COLUMNS``, disjoint and together its whole time:
+"generation" (from the end of the previous example to the start of this one: Hypothesis
+drawing this example, and its engine's work on the last), the four ``STAGES``, and "other"
+(the rest of the example: the test body's glue, the plugin's wrappers). The first example of
+each property in each process (compilation, loading) is always timed and kept apart.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 STAGES = ("build", "kernel", "oracle", "checks")
+COLUMNS = ("generation", *STAGES, "other")  # disjoint: together one example's whole time
 SAMPLE_EVERY = 32  # a clock times one example in this many (each costs a time-sliced GPU five more turns)
 
-__all__ = ["SAMPLE_EVERY", "STAGES", "StageClock", "install", "stage", "timed", "uninstall"]
+__all__ = ["COLUMNS", "SAMPLE_EVERY", "STAGES", "StageClock", "install", "quantile", "stage", "summarise", "timed",
+           "uninstall"]
 
 
 class StageClock:
-    """Seconds per stage over the sampled examples of one test item (``take`` hands them over and resets)."""
+    """Milliseconds per column (``COLUMNS``) of each sampled example of one test item (``take`` hands them over)."""
 
-    def __init__(self, every: int = SAMPLE_EVERY, synchronize: Callable[[], None] | None = None) -> None:
+    def __init__(self, every: int = SAMPLE_EVERY, synchronize: Callable[[], None] | None = None,
+                 now: Callable[[], float] = time.perf_counter) -> None:
         if every < 1:
             raise ValueError(f"every={every} must be at least 1")
-        self.every, self.synchronize = every, synchronize or (lambda: None)
+        self.every, self.synchronize, self.now = every, synchronize or (lambda: None), now
         self.examples = 0  # examples begun in this process, sampled or not
         self.sampling = False
         self.inside: str | None = None  # the open stage: a nested one counts toward it
-        self.seconds = dict.fromkeys(STAGES, 0.0)
-        self.sampled = 0
+        self.samples: list[list[float]] = []  # steady examples, one row of COLUMNS each
+        self.first: list[list[float]] = []  # the first example of a property in this process
         self._coin = random.Random(0)  # its own stream: Hypothesis seeds the global one in each example
+        self._properties_seen: set[str] = set()
+        self._property: str | None = None
+        self._is_first = False
+        self._last_end: float | None = None
+        self._start = self._generation = 0.0
+        self._spent = dict.fromkeys(STAGES, 0.0)
+
+    def begin_item(self, property_name: str | None = None) -> None:
+        """A test item of ``property_name`` starts: drop what an earlier, unflushed item timed; the first
+        example's generation counts from now."""
+        self.take()
+        self._property, self._last_end = property_name, self.now()
 
     def begin_example(self) -> None:
-        """A new example starts: sample it with probability 1 / ``every``.
+        """A new example starts: sample it with probability 1 / ``every`` (always, the property's first here).
 
         At random, not every n-th: Hypothesis starts each test with its simplest example, which a
         fixed stride would sample in every item of ``every`` examples.
         """
-        self.sampling = self.every == 1 or self._coin.random() * self.every < 1
+        started = self.now()
+        self._is_first = self._property is not None and self._property not in self._properties_seen
+        if self._property is not None:
+            self._properties_seen.add(self._property)
+        self.sampling = self._is_first or self.every == 1 or self._coin.random() * self.every < 1
         self.examples += 1
-        self.sampled += self.sampling
+        if self.sampling:
+            self._generation = started - self._last_end if self._last_end is not None else 0.0
+            self.synchronize()  # the device work of earlier, unsampled examples is not this one's
+            self._spent, self._start = dict.fromkeys(STAGES, 0.0), self.now()
+
+    def end_example(self) -> None:
+        """The example ended (passed or not): its row is kept; the next example's generation counts from now."""
+        if self.sampling:
+            whole = self.now() - self._start
+            spent = [self._spent[name] for name in STAGES]
+            row = [self._generation, *spent, max(whole - sum(spent), 0.0)]
+            (self.first if self._is_first else self.samples).append([round(1e3 * s, 4) for s in row])
+        self.sampling = False
+        self._last_end = self.now()
+
+    def timing(self, example: Callable) -> Callable:
+        """``example`` (one Hypothesis example, see ``shards.wrapping_examples``) between ``begin_example``
+        and ``end_example``: wrap it outermost, so that the plugin's other wrappers count as "other"."""
+
+        @functools.wraps(example)
+        def timed_example(*args, **kwargs):
+            __tracebackhide__ = True
+            self.begin_example()
+            try:
+                return example(*args, **kwargs)
+            finally:
+                self.end_example()
+
+        return timed_example
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         if not self.sampling or self.inside is not None:
             yield
             return
+        if name not in self._spent:
+            raise ValueError(f"stage name={name!r} is not one of {STAGES}")
         self.synchronize()  # the work queued before this stage is not its own
-        self.inside, start = name, time.perf_counter()
+        self.inside, start = name, self.now()
         try:
             yield
             self.synchronize()  # only on success: after a device fault a synchronisation raises again
         finally:
             self.inside = None
-            self.seconds[name] += time.perf_counter() - start
+            self._spent[name] += self.now() - start
 
     def take(self) -> dict:
-        """{"sampled": examples timed, stage: seconds, ...} since the last take; then start afresh."""
-        taken = {"sampled": self.sampled, **self.seconds}
-        self.seconds, self.sampled = dict.fromkeys(STAGES, 0.0), 0
+        """{"columns": COLUMNS, "examples": [row ms, ...], "first": [row ms, ...]} since the last take; then
+        start afresh."""
+        taken = {"columns": list(COLUMNS), "examples": self.samples, "first": self.first}
+        self.samples, self.first = [], []
         return taken
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (linear between the nearest ranks); NaN for none."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q={q} must lie in [0, 1]")
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarise(rows: list[list[float]]) -> dict | None:
+    """Per column of ``rows`` (milliseconds, one row of ``COLUMNS`` per example): count, median, p90, mean and
+    share of the examples' summed time (the shares add to 100%), and the same for the total; None for no rows."""
+    if not rows:
+        return None
+    totals = [sum(row) for row in rows]
+    grand = sum(totals)
+    summary = {}
+    for index, name in enumerate(COLUMNS):
+        values = [row[index] for row in rows]
+        summary[name] = {"count": len(values), "median": quantile(values, 0.5), "p90": quantile(values, 0.9),
+                         "mean": sum(values) / len(values), "share": sum(values) / grand if grand else 0.0}
+    summary["total"] = {"count": len(totals), "median": quantile(totals, 0.5), "p90": quantile(totals, 0.9),
+                        "mean": grand / len(totals), "share": 1.0 if grand else 0.0}
+    return summary
 
 
 _clock: StageClock | None = None

@@ -30,11 +30,10 @@ from typing import Any
 from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import isolation
-from gqa_decode_fuzz.generation.stages import SAMPLE_EVERY, STAGES, StageClock
+from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, StageClock, summarise
+from gqa_decode_fuzz.record import causes, mps
+from gqa_decode_fuzz.record.casefiles import replay_command
 from gqa_decode_fuzz.runner.shards import example_targets, property_name
-
-from . import causes, mps
-from .casefiles import replay_command
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "warm_up", "write_report"]
 
@@ -78,7 +77,7 @@ class Tally:
     worst: float | None = None
     seconds: float = 0.0
     counts: dict[str, Counter] = field(default_factory=lambda: {d: Counter() for d in DIMENSIONS})
-    stages: dict[str, float] = field(default_factory=dict)  # StageClock.take(): sampled examples, seconds
+    stages: dict[str, Any] = field(default_factory=dict)  # StageClock.take(): a row of ms per sampled example
 
     def add_case(self, case: Any, pool_pages: int | None) -> None:
         lengths = case.lengths
@@ -123,7 +122,7 @@ class ItemCounter:
     def begin(self, nodeid: str) -> None:
         """Start counting for a new test item."""
         self.tally = Tally(nodeid=nodeid)
-        self.clock.take()  # drop what an earlier, unflushed item timed
+        self.clock.begin_item(property_name(nodeid))
 
     def observe_case(self, case: Any, inputs: Any) -> None:
         """Count a built case; also label it for ``--hypothesis-show-statistics``."""
@@ -151,7 +150,6 @@ class ItemCounter:
 
         @functools.wraps(inner)
         def counted(*args, **kwargs):
-            self.clock.begin_example()
             status = "failed"
             try:
                 result = inner(*args, **kwargs)
@@ -413,16 +411,29 @@ def run_throughput(lines: list[dict]) -> dict:
             "stages_ms_per_example": stage_breakdown(lines)}
 
 
-def stage_breakdown(lines: list[dict]) -> dict[str, float] | None:
-    """Milliseconds per example in each stage (``stages.STAGES``, from the sampled examples) and in
-    "generation", the rest of a worker's busy time (Hypothesis, the test body); None before any sample."""
-    sampled = sum(item.get("stages", {}).get("sampled", 0) for item in lines)
-    examples = sum(item.get("examples", 0) for item in lines)
-    if not sampled or not examples:
+def stage_breakdown(lines: list[dict]) -> dict | None:
+    """Where one worker's time goes, over the examples the stage clocks sampled in ``lines`` (items' part lines):
+    per column (``stages.COLUMNS``) count, median, p90, mean and share in ms (``stages.summarise``), the first
+    examples of each property in each process apart ("first"), and "busy", a worker's item time per counted
+    example (shrinking and rejected examples included). None before any sample."""
+    steady = [row for item in lines for row in _stage_rows(item, "examples")]
+    first = [row for item in lines for row in _stage_rows(item, "first")]
+    if not steady and not first:
         return None
-    spent = {name: 1e3 * sum(item.get("stages", {}).get(name, 0.0) for item in lines) / sampled for name in STAGES}
-    busy = 1e3 * sum(item.get("seconds", 0.0) for item in lines) / examples
-    return {"generation": max(busy - sum(spent.values()), 0.0), **spent, "total": busy}
+    examples = sum(item.get("examples", 0) for item in lines)
+    busy = 1e3 * sum(item.get("seconds", 0.0) for item in lines) / examples if examples else None
+    return {"steady": summarise(steady), "first": summarise(first), "busy_ms_per_example": busy}
+
+
+def _stage_rows(item: dict, kind: str) -> list[list[float]]:
+    """The rows of ``kind`` ("examples" or "first") an item's stage clock took, in ``COLUMNS`` order (none from a
+    part file written before the clock kept rows)."""
+    taken = item.get("stages") or {}
+    columns = taken.get("columns")
+    if columns is None:
+        return []
+    order = [columns.index(name) if name in columns else None for name in COLUMNS]
+    return [[row[i] if i is not None else 0.0 for i in order] for row in taken.get(kind, [])]
 
 
 # ---- report.md ------------------------------------------------------------------------------
@@ -526,15 +537,32 @@ def _throughput(lines: list[dict]) -> list[str]:
             *_stages(stage_breakdown(lines))]
 
 
-def _stages(breakdown: dict[str, float] | None) -> list[str]:
+def _stages(breakdown: dict | None) -> list[str]:
     if breakdown is None:
         return []
-    total = breakdown["total"]
-    rows = [f"| {name} | {ms:.2f} | {100 * ms / total:.0f}% |" for name, ms in breakdown.items() if name != "total"]
-    return ["", f"Where one worker's time goes (stages timed, the device synchronised, in one example "
-                f"of {SAMPLE_EVERY} at random):", "",
-            "| stage | ms/example | share |", "|---|---:|---:|", *rows,
-            f"| total | {total:.2f} | {1e3 / total:.0f} examples/s per worker |" if total else "| total | 0 | - |"]
+    lines = []
+    steady, first = breakdown["steady"], breakdown["first"]
+    if steady:
+        lines += ["", f"Where one worker's time goes: {steady['total']['count']} examples timed (one in {SAMPLE_EVERY} "
+                      "at random, the device synchronised at each stage's edges; each property's first example in "
+                      "each process apart, below). Generation is Hypothesis's time between examples, other the "
+                      "rest of an example outside the stages: the shares add to 100%.", "",
+                  "| stage | median ms | p90 ms | mean ms | share |", "|---|---:|---:|---:|---:|",
+                  *(_stage_row(name, steady[name]) for name in (*COLUMNS, "total"))]
+    if first:
+        lines += ["", f"First examples ({first['total']['count']}: compilation, loading): median "
+                      f"{first['total']['median']:.1f} ms, p90 {first['total']['p90']:.1f} ms; "
+                      + ", ".join(f"{name} {first[name]['share']:.0%}" for name in COLUMNS) + "."]
+    busy = breakdown["busy_ms_per_example"]
+    if busy:
+        lines += ["", f"Busy time per counted example (items' time over their examples, shrinking and first "
+                      f"examples included): {busy:.2f} ms, {1e3 / busy:.0f} examples/s per worker."]
+    return lines
+
+
+def _stage_row(name: str, column: dict) -> str:
+    return (f"| {name} | {column['median']:.3f} | {column['p90']:.3f} | {column['mean']:.3f} | "
+            f"{100 * column['share']:.1f}% |")
 
 
 def _causes_section(found: dict | None) -> list[str]:

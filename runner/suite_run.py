@@ -263,7 +263,8 @@ class SuiteRun:
         with shards.wrapping_examples(item, self.remembering), shards.wrapping_examples(item, self.counter.counting), \
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.guard.shielding), \
-                shards.wrapping_examples(item, self.isolated.wrapping) if self.isolated else contextlib.nullcontext():
+                shards.wrapping_examples(item, self.isolated.wrapping) if self.isolated else contextlib.nullcontext(), \
+                shards.wrapping_examples(item, self.counter.clock.timing):  # outermost: the wrappers count as "other"
             yield
 
     def remembering(self, example: Callable) -> Callable:

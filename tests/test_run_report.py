@@ -350,3 +350,21 @@ def test_items_whose_names_differ_past_the_cut_get_case_files_of_their_own():
     stem = "properties/test_layouts.py::test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error"
     names = {_file_name(f"{stem}[shard1of8-{layout}]") for layout in ("mixed", "combined")}
     assert len(names) == 2 and len({_file_name(stem), _file_name(stem)}) == 2
+
+
+def test_the_stage_table_gives_medians_and_shares_that_add_up_with_first_examples_apart(tmp_path):
+    columns = ["generation", "build", "kernel", "oracle", "checks", "other"]
+    steady = [[1.0, 0.5, 0.2 + n / 100, 0.7, 0.4, 0.2] for n in range(40)]
+    line = {"nodeid": "p.py::test_p", "property": "p.py::test_p", "cases": 40, "sequences": 40, "examples": 40,
+            "failed_examples": 0, "worst": 0.1, "seconds": 1.0, "counts": {}, "worker": "gw0", "gpu": "0",
+            "outcome": "passed", "started": T0,
+            "stages": {"columns": columns, "examples": steady, "first": [[80.0, 20.0, 1500.0, 5.0, 1.0, 2.0]]}}
+    (tmp_path / "parts-gw0-1.jsonl").write_text(json.dumps(line) + "\n")
+    text = run_report.write_report(tmp_path, RUN).read_text()
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in row.strip("|").split("|")] for row in
+                                               text.splitlines() if row.startswith("| ")) if cells[0] in
+            (*columns, "total")}
+    assert set(rows) == {*columns, "total"}
+    assert rows["kernel"][0] == "0.395" and rows["generation"][:2] == ["1.000", "1.000"]  # the first call left out
+    assert sum(float(rows[name][3].rstrip("%")) for name in columns) == pytest.approx(100.0, abs=0.2)
+    assert "40 examples timed" in text and "First examples (1: compilation, loading): median 1608.0 ms" in text

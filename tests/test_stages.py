@@ -1,6 +1,5 @@
 """Where an example's time goes: the stage clock, the example counter and the run report's breakdown."""
 
-import time
 
 import pytest
 from hypothesis import assume, given, settings, target
@@ -18,27 +17,111 @@ def clock():
     stages.uninstall()
 
 
-def test_stages_add_up_and_a_nested_stage_counts_toward_the_outer_one(clock):
-    clock.begin_example()
-    with stages.stage("oracle"):
-        time.sleep(0.02)
-        with stages.stage("checks"):  # e.g. a comparison inside a helper timed as a whole
-            time.sleep(0.01)
-    timed = stages.timed("kernel", lambda x: time.sleep(x) or "result")
-    assert timed(0.01) == "result"
+class FakeTime:
+    """A clock the test advances by hand: the columns come out exact."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+    def advance(self, ms):
+        self.t += ms / 1e3
+
+
+def test_the_columns_are_disjoint_and_cover_the_whole_example():
+    fake = FakeTime()
+    clock = stages.StageClock(every=1, now=fake)
+    stages.install(clock)
+    try:
+        clock.begin_item("p.py::test_p")
+        fake.advance(3)  # Hypothesis drawing the first example
+        body = clock.timing(lambda: _an_example(fake))
+        assert body() == "result"
+        fake.advance(7)  # drawing the second
+        body()
+    finally:
+        stages.uninstall()
     taken = clock.take()
-    assert taken["sampled"] == 1 and taken["checks"] == 0.0
-    assert taken["oracle"] >= 0.03 and 0.01 <= taken["kernel"] < taken["oracle"]
-    assert clock.take() == {"sampled": 0, **dict.fromkeys(stages.STAGES, 0.0)}  # take resets
+    assert taken["columns"] == ["generation", "build", "kernel", "oracle", "checks", "other"]
+    # generation, build, kernel, oracle (its nested checks count toward it), checks, other (the glue between)
+    assert taken["first"] == [[3.0, 2.0, 0.0, 30.0, 0.0, 1.0]]
+    assert taken["examples"] == [[7.0, 2.0, 0.0, 30.0, 0.0, 1.0]]
+    assert sum(taken["examples"][0]) == 40.0  # the time from the end of the first example to the end of this one
+
+
+def _an_example(fake):
+    fake.advance(0.5)  # the body's glue: "other"
+    with stages.stage("build"):
+        fake.advance(2)
+    with stages.stage("oracle"):
+        fake.advance(20)
+        with stages.stage("checks"):  # e.g. a comparison inside a helper timed as a whole
+            fake.advance(10)
+    fake.advance(0.5)
+    return "result"
+
+
+def test_generation_is_hypothesis_drawing_the_example_outside_the_body():
+    fake = FakeTime()
+    clock = stages.StageClock(every=1, now=fake)
+
+    def slow_draw(n):
+        fake.advance(5)  # a strategy that takes 5 ms to draw
+        return n
+
+    @settings(max_examples=20, database=None, derandomize=True)
+    @given(st.integers(0, 10**6).map(slow_draw))
+    def test_y(n):
+        fake.advance(1)
+
+    test_y.hypothesis.inner_test = clock.timing(test_y.hypothesis.inner_test)
+    clock.begin_item("p.py::test_y")
+    test_y()
+    rows = clock.take()["examples"]
+    assert len(rows) >= 10
+    summary = stages.summarise(rows)
+    assert summary["generation"]["median"] >= 5.0 and summary["other"]["median"] == pytest.approx(1.0)
+    assert summary["generation"]["share"] > 0.8
+
+
+def test_each_propertys_first_example_in_a_process_is_kept_apart():
+    clock = stages.StageClock(every=10**9)  # no steady example sampled
+    for nodeid in ("p.py::test_a[shard1of2]", "p.py::test_a[shard2of2]", "p.py::test_b"):
+        clock.begin_item(nodeid.split("[")[0])
+        for _ in range(3):
+            clock.timing(lambda: None)()
+        taken = clock.take()
+        assert len(taken["first"]) == (0 if nodeid.endswith("shard2of2]") else 1) and taken["examples"] == []
+
+
+def test_summaries_give_medians_tails_and_shares_that_add_up():
+    rows = [[1.0, 2.0, 3.0, 4.0, 0.0, 0.0], [3.0, 2.0, 1.0, 4.0, 0.0, 10.0], [2.0, 2.0, 2.0, 4.0, 0.0, 0.0]]
+    summary = stages.summarise(rows)
+    assert summary["generation"] == {"count": 3, "median": 2.0, "p90": pytest.approx(2.8), "mean": 2.0,
+                                     "share": pytest.approx(6 / 40)}
+    assert sum(summary[name]["share"] for name in stages.COLUMNS) == pytest.approx(1.0)
+    assert summary["total"]["median"] == 10.0 and summary["total"]["p90"] == pytest.approx(18.0)
+    assert stages.summarise([]) is None
+    assert stages.quantile([5.0], 0.9) == 5.0
+    with pytest.raises(ValueError, match="q=2"):
+        stages.quantile([1.0], 2)
 
 
 def test_a_failing_stage_is_timed_and_the_device_is_not_synchronised_after_it():
     synchronised = []
     clock = stages.StageClock(every=1, synchronize=lambda: synchronised.append(1))
     clock.begin_example()
+    synchronised.clear()
     with pytest.raises(RuntimeError), clock.stage("kernel"):
         raise RuntimeError("a device fault: synchronising again would raise it a second time")
-    assert synchronised == [1] and clock.take()["kernel"] > 0
+    clock.end_example()
+    (row,) = clock.take()["examples"]
+    assert synchronised == [1] and row[stages.COLUMNS.index("kernel")] > 0
+    clock.begin_example()
+    with pytest.raises(ValueError, match="name='compile'"), clock.stage("compile"):
+        pass
 
 
 def test_one_example_in_every_is_sampled_at_random():
@@ -47,7 +130,8 @@ def test_one_example_in_every_is_sampled_at_random():
     for _ in range(8000):
         clock.begin_example()
         picks.append(clock.sampling)
-    assert 850 < sum(picks) < 1150
+        clock.end_example()
+    assert 850 < sum(picks) < 1150 and len(clock.take()["examples"]) == sum(picks)
     assert picks[:8] != [True] + [False] * 7 or picks[8:16] != [True] + [False] * 7  # not a fixed stride
     with pytest.raises(ValueError, match="every=0"):
         stages.StageClock(every=0)
@@ -73,26 +157,32 @@ def test_the_counter_counts_examples_failures_and_targets_but_not_rejections():
         target(n / 100, label="worst err/bound")
         assert n < 90
 
-    test_x.hypothesis.inner_test = counter.counting(test_x.hypothesis.inner_test)
+    test_x.hypothesis.inner_test = counter.clock.timing(counter.counting(test_x.hypothesis.inner_test))
     with pytest.raises(AssertionError):
         test_x()
     tally = counter.tally
     assert tally.failed_examples >= 1 and tally.examples > tally.failed_examples
     assert tally.worst is not None and 0.0 <= tally.worst < 0.9  # passing examples only
     assert tally.examples == sum(n % 3 != 0 for n in seen) < len(seen)  # rejected examples are not counted
-    assert counter.clock.take()["sampled"] >= tally.examples  # every run of the body began an example
+    taken = counter.clock.take()
+    assert len(taken["first"]) == 1 and len(taken["first"] + taken["examples"]) == len(seen)  # every run is timed
 
 
-def test_breakdown_per_example_with_generation_the_rest():
+def test_breakdown_takes_medians_over_every_items_rows_with_first_examples_apart():
+    columns = list(stages.COLUMNS)
     lines = [
-        {"examples": 10, "seconds": 1.0, "stages": {"sampled": 2, "build": 0.002, "kernel": 0.004, "oracle": 0.01,
-                                                    "checks": 0.004}},
-        {"examples": 30, "seconds": 1.0, "stages": {"sampled": 2, "build": 0.002, "kernel": 0.004, "oracle": 0.01,
-                                                    "checks": 0.004}},
+        {"examples": 10, "seconds": 1.0, "stages": {"columns": columns, "first": [[50.0, 1, 900.0, 1, 1, 1]],
+                                                    "examples": [[1.0, 1, 2.0, 1, 1, 0], [1.0, 1, 2.0, 1, 1, 0]]}},
+        {"examples": 30, "seconds": 1.0, "stages": {"columns": columns[::-1], "first": [],  # any column order
+                                                    "examples": [[2, 1, 1, 4.0, 1, 3.0]]}},
         {"examples": 0, "seconds": 0.1},  # a skipped item: no stages
+        {"examples": 5, "seconds": 1.0, "stages": {"sampled": 2, "build": 0.002}},  # an old part line: no rows
     ]
     breakdown = run_report.stage_breakdown(lines)
-    assert breakdown["total"] == pytest.approx(1e3 * 2.1 / 40)
-    assert breakdown["oracle"] == pytest.approx(5.0) and breakdown["build"] == pytest.approx(1.0)
-    assert breakdown["generation"] == pytest.approx(breakdown["total"] - 1.0 - 2.0 - 5.0 - 2.0)
+    steady, first = breakdown["steady"], breakdown["first"]
+    assert steady["total"]["count"] == 3 and first["total"]["count"] == 1
+    assert steady["kernel"]["median"] == 2.0 and steady["generation"]["median"] == 1.0
+    assert first["kernel"]["median"] == 900.0  # the compilation stays out of the steady medians
+    assert sum(steady[name]["share"] for name in stages.COLUMNS) == pytest.approx(1.0)
+    assert breakdown["busy_ms_per_example"] == pytest.approx(1e3 * 3.1 / 45)
     assert run_report.stage_breakdown([{"examples": 3, "seconds": 1.0}]) is None
