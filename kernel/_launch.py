@@ -70,6 +70,9 @@ SEED_SHAPE = KernelShape("gqa_paged_decode_h32_kv4_d128_ps1", NUM_QO_HEADS, NUM_
 
 def _unsupported(definition) -> str | None:
     """Why the kernel cannot serve ``definition``'s constants, or None."""
+    op_type = getattr(definition, "op_type", "decode")
+    if op_type != "decode":
+        return f"op type {op_type!r}: this kernel serves decode only"
     for name in _CONSTANTS:
         value = getattr(definition, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
