@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gqa_decode_fuzz.generation.cases import DecodeCase, build  # noqa: E402
-from gqa_decode_fuzz.reference.definitions import SEED, select  # noqa: E402
+from gqa_decode_fuzz.reference.definitions import DECODE, SEED, select  # noqa: E402
 
 SHAPES = ((1, 512), (16, 1024), (64, 1024), (64, 4096))  # (batch, tokens per sequence)
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         packages["baseline"] = load_package(args.baseline.resolve(), "gqa_kernel_baseline")
     print("| definition | batch | tokens | " + " | ".join(f"{name} ms" for name in packages) + " |")
     print("|---|---:|---:|" + "---:|" * len(packages))
-    for definition in select(args.definition, ROOT):
+    for definition in select(args.definition, ROOT, op_types=(DECODE,), reason="the kernel serves decode only"):
         for batch, tokens in SHAPES:
             cells = []
             for package in packages.values():

@@ -39,9 +39,10 @@ MAX_GRID_TILES = 65535  # CUDA's limit on the grid's second dimension
 # Op types. FlashInfer-Bench's definition files say "gqa_paged" for paged decode and paged prefill alike (their
 # names tell them apart: gqa_paged_decode_..., gqa_paged_prefill_causal_...) and "gqa_ragged" for ragged prefill.
 SHARED_PAGED_OP_TYPE = "gqa_paged"
-DECODE_OP_TYPES = ("gqa_paged_decode",)
-PAGED_OP_TYPES = ("gqa_paged_prefill",)
-RAGGED_OP_TYPES = ("gqa_ragged", "gqa_ragged_prefill")
+# the benchmark's op_type fields, and the contract's own op types (reference.definitions.OP_TYPES)
+DECODE_OP_TYPES = ("gqa_paged_decode", "decode")
+PAGED_OP_TYPES = ("gqa_paged_prefill", "paged_prefill")
+RAGGED_OP_TYPES = ("gqa_ragged", "gqa_ragged_prefill", "ragged_prefill")
 PAGED_PREFILL_PREFIX, RAGGED_PREFILL_PREFIX = "gqa_paged_prefill", "gqa_ragged_prefill"
 _INDEX_ARGUMENTS = ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")  # read contiguous
 

@@ -36,7 +36,7 @@ _CHUNK_ELEMENTS = 1 << 25
 _SHORTEST_SLOTS = 16
 _GRAPHED_TOKENS = 16 * 2048
 
-__all__ = ["Reference", "attend", "float32_scale", "token_lengths"]
+__all__ = ["Reference", "attend", "attend_rows", "float32_scale", "token_lengths"]
 
 
 class Reference(NamedTuple):
@@ -157,7 +157,7 @@ def _fill(rows: _Rows, q, k_cache, v_cache, kv_indices, starts: list[int], lengt
         rows.values.zero_()
         return
     token = torch.arange(slots)
-    position = torch.tensor(starts + [0] * (count - len(starts)))[:, None] + token // page_size
+    position = torch.tensor(starts + [0] * (count - len(starts)), dtype=torch.int64)[:, None] + token // page_size
     pages = kv_indices[to_device(position.clamp_(max=kv_indices.shape[0] - 1).view(-1), device)]
     flat = (count * slots, *rows.keys.shape[2:])
     if page_size == 1:  # straight into the buffers, no temporary
@@ -266,7 +266,14 @@ def attend(
     lasts = last_page_len_on_host
     if lasts is None and kv_last_page_len is not None:
         lasts = kv_last_page_len.tolist()
-    starts, lengths = bounds[:-1], token_lengths(bounds, lasts, k_cache.shape[1])
+    return attend_rows(q, k_cache, v_cache, kv_indices, bounds[:-1], token_lengths(bounds, lasts, k_cache.shape[1]),
+                       scale)
+
+
+def attend_rows(q, k_cache, v_cache, kv_indices, starts: list[int], lengths: list[int], scale: float) -> Reference:
+    """The oracle and its bound for query rows ``q`` [R, H, D], row r over the first ``lengths[r]`` tokens of the
+    pages ``kv_indices[starts[r]:]`` (``scale`` already float32): ``attend``'s computation, in chunks that fit the
+    memory budget. Each row is one decode; causal prefill (``prefill_oracle``) hands it a row per query."""
     parts = [
         _attend_chunk(q[a:b], k_cache, v_cache, kv_indices, starts[a:b], lengths[a:b], scale)
         for a, b in _chunks(lengths, k_cache.shape[2] * q.shape[2])

@@ -336,10 +336,13 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     option = config.option
     try:
         # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
-        chosen = definitions.select(option.definition, root=config.rootpath) if option.definition else None
+        # Only decode has properties: --definition=all is every decode built-in, a prefill one a usage error.
+        decode_only = dict(op_types=(definitions.DECODE,), reason="prefill definitions have no properties yet")
+        chosen = definitions.select(option.definition, config.rootpath, **decode_only) if option.definition else None
         device = confirm_device(option.device, plan.device) if plan.controller else resolve_device(plan.device)
         target = _load_target(config, plan, device, chosen[0] if chosen else None)
         chosen = chosen or (target.definition or definitions.SEED,)
+        definitions.check_op_types(chosen, **decode_only)  # a Solution file's own definition
         try:
             _check_serves(target, chosen)
         except ImplSpecError:

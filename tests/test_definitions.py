@@ -12,14 +12,14 @@ import torch
 
 from gqa_decode_fuzz.generation.cases import DecodeCase, build, using_definition
 from gqa_decode_fuzz.reference import check_against_reference
-from gqa_decode_fuzz.reference.definitions import BUILT_IN, SEED, DefinitionError, from_json, load, select
+from gqa_decode_fuzz.reference.definitions import BUILT_IN, DECODE, SEED, DefinitionError, from_json, load, select
 from gqa_decode_fuzz.reference.oracle import attend, float32_scale
 
 HERE = Path(__file__).resolve().parent
 OTHER = HERE / "definitions" / "gqa_paged_decode_h16_kv2_d128_ps16.json"
 FAMILY = {  # FlashInfer-Bench's flashinfer-trace GQA decode definitions: (query heads, KV heads, page size)
-    (5, 1, 1), (20, 4, 1), (24, 8, 1), (32, 4, 1), (32, 8, 1), (48, 8, 1),
-    (20, 4, 64), (24, 4, 64), (32, 4, 64), (32, 8, 64),
+    (5, 1, 1), (6, 1, 1), (16, 2, 1), (20, 4, 1), (24, 8, 1), (32, 4, 1), (32, 8, 1), (32, 16, 1), (48, 8, 1),
+    (6, 1, 64), (16, 2, 64), (20, 4, 64), (24, 4, 64), (24, 8, 64), (32, 4, 64), (32, 8, 64), (32, 16, 64),
 }
 
 
@@ -39,7 +39,7 @@ def test_a_definition_survives_its_json(name):
 
 
 def test_selection_by_name_list_file_and_all():
-    assert select("all") == tuple(BUILT_IN.values())
+    assert select("all", op_types=(DECODE,)) == tuple(BUILT_IN.values())
     two = select("gqa_paged_decode_h5_kv1_d128_ps1, gqa_paged_decode_h32_kv8_d128_ps64")
     assert [d.name for d in two] == ["gqa_paged_decode_h5_kv1_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps64"]
     other = load(str(OTHER))
@@ -56,7 +56,7 @@ def _edited(edit) -> dict:
 
 @pytest.mark.parametrize("edit, named", [
     (lambda d: d.update(op_type="mla_paged"), "op_type 'mla_paged' is not supported"),
-    (lambda d: d.update(name="gqa_paged_prefill_causal_h32_kv4_d128_ps1"), "prefill is not supported"),
+    (lambda d: d.update(name="gqa_paged_prefill_causal_h32_kv4_d128_ps1"), "its name says prefill but its op_type"),
     (lambda d: d["axes"].update(num_qo_heads={"type": "var"}), "axis 'num_qo_heads' must be a const"),
     (lambda d: d["axes"].update(qo_indptr_len={"type": "var"}), "axes ['qo_indptr_len'] are not those"),
     (lambda d: d["axes"]["num_kv_heads"].update(value=5), "not a multiple of num_kv_heads=5"),
