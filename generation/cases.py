@@ -548,7 +548,7 @@ def _place_q(q: torch.Tensor, layout: str, kv_heads: int) -> torch.Tensor:
     raise ValueError(f"unknown q_layout={layout!r}; expected one of {Q_LAYOUTS}")
 
 
-def _place_index(values: torch.Tensor, layout: str, gap: int, device: torch.device) -> torch.Tensor:
+def place_index(values: torch.Tensor, layout: str, gap: int, device: torch.device) -> torch.Tensor:
     """An index tensor in ``layout``'s dtype, strided ones as every other element with ``gap`` between."""
     if layout not in INDEX_LAYOUTS:
         raise ValueError(f"unknown index_layout={layout!r}; expected one of {INDEX_LAYOUTS}")
@@ -675,9 +675,15 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
 
     Raises ``SuiteOutOfMemory`` when ``device`` cannot hold the case.
     """
+    return built_and_observed(_build, case, device, observe=observe)
+
+
+def built_and_observed(builder: Callable, case, device: torch.device | str, *, observe: bool = True):
+    """``builder(case, device)`` timed as the build stage, an allocation failure raised as ``SuiteOutOfMemory``,
+    the result told to the build observers unless ``observe`` is False: every op type's builder goes through it."""
     try:
         with stage("build"):
-            inputs = _build(case, torch.device(device))
+            inputs = builder(case, torch.device(device))
     except (RuntimeError, MemoryError) as error:
         if not (_out_of_memory(error) or isinstance(error, MemoryError)):
             raise
@@ -699,16 +705,26 @@ def _token_slots(indices: torch.Tensor, lengths: tuple[int, ...], page_size: int
     return indices[first_page + token // page_size] * page_size + token % page_size
 
 
-def _build(case: DecodeCase, device: torch.device) -> DecodeInputs:
-    if case.values not in VALUE_REGIMES:
-        raise ValueError(f"unknown values={case.values!r}; expected one of {tuple(VALUE_REGIMES)}")
+def value_rows(values: str, seed: int, device: torch.device, definition: Definition, query_rows: int,
+               key_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [query_rows, H, D], K and V [key_rows, H_kv, D] (float32, on ``device``) in the value regime ``values``,
+    from the case's seed: the same bits on every device."""
+    if values not in VALUE_REGIMES:
+        raise ValueError(f"unknown values={values!r}; expected one of {tuple(VALUE_REGIMES)}")
+    return VALUE_REGIMES[values](_Stream(_key(seed, _VALUES), device, definition), query_rows, key_rows)
+
+
+def filled_pool(case: DecodeCase, device: torch.device, query_rows: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The case's keys in their page pool: q (float32, ``query_rows`` rows), the K and V pools laid out as
+    ``case.kv_layout`` with the referenced slots written and junk elsewhere, kv_indices (CPU int64) and the pool's
+    size in pages. Shared by decode (a query row per sequence) and paged prefill (``case.lengths`` its keys)."""
     definition = case.shape
     page_size = definition.page_size
     gen = torch.Generator().manual_seed(case.seed)
     indices, pool_size = page_ids(case, gen)
     referenced = torch.unique(_token_slots(indices, case.lengths, page_size))
-    draw = _Stream(_key(case.seed, _VALUES), device, definition)
-    q, k_rows, v_rows = VALUE_REGIMES[case.values](draw, case.batch, referenced.numel())
+    q, k_rows, v_rows = value_rows(case.values, case.seed, device, definition, query_rows, referenced.numel())
     k_cache, v_cache, storages = _kv_pool(case.kv_layout, pool_size, device, definition)
     for offset, storage in enumerate(storages):
         _fill_junk(storage, case.pool_fill, case.seed + offset)
@@ -716,21 +732,40 @@ def _build(case: DecodeCase, device: torch.device) -> DecodeInputs:
     pages, within = (slots, 0) if page_size == 1 else (slots // page_size, slots % page_size)
     k_cache[pages, within] = k_rows.to(torch.bfloat16)
     v_cache[pages, within] = v_rows.to(torch.bfloat16)
+    return q, k_cache, v_cache, indices, pool_size
+
+
+def page_index_tensors(case: DecodeCase, indices: torch.Tensor, pool_size: int, device: torch.device
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """kv_indptr, kv_indices and (pages of several tokens) kv_last_page_len of the case's keys on ``device``, in
+    ``case.index_layout``; the builder remembers the host values of kv_indptr and kv_last_page_len (``host_values``)."""
+    page_size = case.shape.page_size
     bounds = [0, *itertools.accumulate(page_counts(case.lengths, page_size))]
     junk_page = max(pool_size - 1, 0)  # in range, so a kernel that ignores the strides reads a wrong page, not memory
-    kv_indptr = _place_index(torch.tensor(bounds, dtype=torch.int64), case.index_layout, bounds[-1], device)
-    _remember_on_host(kv_indptr, bounds)
+    kv_indptr = place_index(torch.tensor(bounds, dtype=torch.int64), case.index_layout, bounds[-1], device)
+    remember_on_host(kv_indptr, bounds)
     last_page_len = None
-    if definition.paged:
+    if case.shape.paged:
         lasts = last_page_lengths(case.lengths, page_size)
-        last_page_len = _place_index(torch.tensor(lasts, dtype=torch.int64), case.index_layout, page_size, device)
-        _remember_on_host(last_page_len, lasts)
+        last_page_len = place_index(torch.tensor(lasts, dtype=torch.int64), case.index_layout, page_size, device)
+        remember_on_host(last_page_len, lasts)
+    return kv_indptr, place_index(indices, case.index_layout, junk_page, device), last_page_len
+
+
+def place_q(q: torch.Tensor, case: DecodeCase) -> torch.Tensor:
+    """q (float32 rows) in bfloat16, laid out as ``case.q_layout``."""
+    return _place_q(q.to(torch.bfloat16), case.q_layout, case.shape.num_kv_heads)
+
+
+def _build(case: DecodeCase, device: torch.device) -> DecodeInputs:
+    q, k_cache, v_cache, indices, pool_size = filled_pool(case, device, case.batch)
+    kv_indptr, kv_indices, last_page_len = page_index_tensors(case, indices, pool_size, device)
     return DecodeInputs(
-        q=_place_q(q.to(torch.bfloat16), case.q_layout, definition.num_kv_heads),
+        q=place_q(q, case),
         k_cache=k_cache,
         v_cache=v_cache,
         kv_indptr=kv_indptr,
-        kv_indices=_place_index(indices, case.index_layout, junk_page, device),
+        kv_indices=kv_indices,
         sm_scale=case.scale,
         kv_last_page_len=last_page_len,
     )
@@ -740,7 +775,8 @@ def _build(case: DecodeCase, device: torch.device) -> DecodeInputs:
 _host_values: dict[int, tuple[weakref.ref, int, list[int]]] = {}
 
 
-def _remember_on_host(tensor: torch.Tensor, values: list[int]) -> None:
+def remember_on_host(tensor: torch.Tensor, values: list[int]) -> None:
+    """Keep ``values``, what the builder just put in the index tensor ``tensor``, for ``host_values``."""
     key = id(tensor)
     forget = lambda _: _host_values.pop(key, None)  # noqa: E731 - runs when the tensor is freed
     _host_values[key] = (weakref.ref(tensor, forget), tensor._version, values)

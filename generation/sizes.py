@@ -10,8 +10,13 @@ __all__ = ["SizeLimits"]
 
 @dataclass(frozen=True)
 class SizeLimits:
-    """How large drawn cases get; set per profile (CPU interpreter runs stay small)."""
+    """How large drawn cases get; set per profile (CPU interpreter runs stay small). ``max_len`` bounds a decode
+    sequence; causal prefill draws at most ``max_q_len`` queries and ``max_kv_len`` keys per sequence, and at most
+    ``max_prefill_batch`` sequences (its work grows as queries times keys)."""
 
     max_batch: int = 4
     max_len: int = 300
     max_spare_pages: int = 512
+    max_q_len: int = 40
+    max_kv_len: int = 160
+    max_prefill_batch: int = 3

@@ -43,7 +43,8 @@ REDIS_KEY_PREFIX = b"gqa-decode:"
 # profile replays under another on the same kind of machine.
 CASE_SIZES = {
     "small": SizeLimits(max_batch=4, max_len=300, max_spare_pages=512),
-    "large": SizeLimits(max_batch=16, max_len=2048, max_spare_pages=8192),
+    "large": SizeLimits(max_batch=16, max_len=2048, max_spare_pages=8192, max_q_len=512, max_kv_len=2048,
+                        max_prefill_batch=8),
 }
 
 PROFILE_DOCS = {
