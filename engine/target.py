@@ -108,13 +108,33 @@ WAIVERS = {
 
 def in_definition_order(function: Callable, definition: Any) -> Callable:
     """``function`` (which takes ``definition``'s arguments in its order) called with the suite's order, in which
-    ``kv_last_page_len`` comes last (``cases.DecodeInputs``); keyword arguments (knobs) pass through."""
+    ``kv_last_page_len`` comes last (``cases.DecodeInputs``, ``prefill_cases.PrefillInputs``); keyword arguments
+    (knobs) pass through."""
+    if getattr(definition, "prefill", False):
+        return _prefill_in_definition_order(function, definition)
 
     @functools.wraps(function)
     def call(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, kv_last_page_len=None, **kwargs):
         if definition.paged:
             return function(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, **kwargs)
         return function(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, **kwargs)
+
+    return call
+
+
+def _prefill_in_definition_order(function: Callable, definition: Any) -> Callable:
+    """``in_definition_order`` for causal prefill: the suite passes ``kv_indices`` None for ragged K and V."""
+    ragged = not definition.page_size
+
+    @functools.wraps(function)
+    def call(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices=None, sm_scale=None, kv_last_page_len=None,
+             **kwargs):
+        if ragged:
+            return function(q, k_cache, v_cache, qo_indptr, kv_indptr, sm_scale, **kwargs)
+        if definition.paged:
+            return function(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+                            **kwargs)
+        return function(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, **kwargs)
 
     return call
 

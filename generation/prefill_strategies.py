@@ -104,8 +104,10 @@ def prefill_cases(
 
     @cache
     def pairs_for(page_size: int, group: int) -> st.SearchStrategy[list[tuple[int, int]]]:
-        one = lengths or query_and_key_lengths(max_q_len=limits.max_q_len, max_kv_len=limits.max_kv_len,
-                                               page_size=page_size, group=group)
+        if lengths is not None:
+            return st.lists(lengths, min_size=min_batch, max_size=limits.max_prefill_batch)
+        one = query_and_key_lengths(max_q_len=limits.max_q_len, max_kv_len=limits.max_kv_len, page_size=page_size,
+                                    group=group)
         return st.lists(one, min_size=min_batch, max_size=limits.max_prefill_batch)
 
     return _draw_case(_PrefillFields(

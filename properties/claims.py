@@ -336,3 +336,14 @@ def claim_for(prop: str) -> Claim:
 def decided_by_draws(prop: str) -> bool:
     """Whether the property's claim fails by its draws rather than its case (``bad_input_handled``)."""
     return claim_for(prop) in _DECIDED_BY_DRAWS
+
+
+def property_claim(claim: Claim) -> Callable:
+    """Declare the claim a property's test states: sets ``claim`` on the test function and returns it (a minimal
+    version, so that the prefill properties run; the fuller one reconciles with ``claim_for``)."""
+
+    def declare(test: Callable) -> Callable:
+        test.claim = claim
+        return test
+
+    return declare

@@ -336,13 +336,11 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     option = config.option
     try:
         # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
-        # Only decode has properties: --definition=all is every decode built-in, a prefill one a usage error.
-        decode_only = dict(op_types=(definitions.DECODE,), reason="prefill definitions have no properties yet")
-        chosen = definitions.select(option.definition, config.rootpath, **decode_only) if option.definition else None
+        # --definition=all is every built-in of every op type; each property runs for the definitions of its own.
+        chosen = definitions.select(option.definition, config.rootpath) if option.definition else None
         device = confirm_device(option.device, plan.device) if plan.controller else resolve_device(plan.device)
         target = _load_target(config, plan, device, chosen[0] if chosen else None)
         chosen = chosen or (target.definition or definitions.SEED,)
-        definitions.check_op_types(chosen, **decode_only)  # a Solution file's own definition
         try:
             _check_serves(target, chosen)
         except ImplSpecError:
@@ -418,6 +416,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "implementation that waives empty_sequences")
     config.addinivalue_line("markers", "input_validation: a claim about calls the contract forbids; skipped "
                                        "for an implementation that waives input_validation")
+    config.addinivalue_line("markers", "prefill: a causal prefill property; runs for prefill definitions only "
+                                       "(the others run for decode definitions only; deselected, not skipped)")
+    config.addinivalue_line("markers", "pool: a claim about the page pool; skipped for ragged K and V")
     config.addinivalue_line("markers", "destination_passing: a claim about destination-passing calls; skipped for "
                                        "an implementation that returns its results")
     config.stash[PLAN] = _run_plan(config)

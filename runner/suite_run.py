@@ -222,12 +222,29 @@ class SuiteRun:
             **{name: f"the implementation waives {name}: {WAIVERS[name]}" if name in self.state.target.waives
                else None for name in WAIVERS},
         }
+        self._deselect_other_op_types(config, items)
         for item in items:
             for marker, reason in reasons.items():
                 if reason and marker in item.keywords:
                     item.add_marker(pytest.mark.skip(reason=reason))
-            if "paged" in item.keywords and not self._definition_of(item).paged:
-                item.add_marker(pytest.mark.skip(reason=f"pages of one token in {self._definition_of(item).name}"))
+            definition = self._definition_of(item)
+            if "paged" in item.keywords and not definition.paged:
+                item.add_marker(pytest.mark.skip(reason=f"pages of one token in {definition.name}"))
+            if "pool" in item.keywords and definition.prefill and not definition.page_size:
+                item.add_marker(pytest.mark.skip(reason=f"ragged K and V in {definition.name}: no page pool"))
+
+    def _deselect_other_op_types(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """A property runs under the definitions of its op type: prefill properties (the ``prefill`` marker) under
+        prefill definitions, the others under decode ones; the rest are deselected."""
+        kept, dropped = [], []
+        for item in items:
+            prefill_item = "prefill" in item.keywords
+            on_property = shards.in_suite(item.path)
+            mismatched = on_property and prefill_item != self._definition_of(item).prefill
+            (dropped if mismatched else kept).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
 
     def _definition_of(self, item: pytest.Item):
         """The definition ``item`` runs under: its parameter where the run names several, else the run's one."""
