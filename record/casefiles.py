@@ -193,14 +193,12 @@ def _restored(value: Any, device: torch.device, built: Any) -> Any:
 
 def restore_call(call: dict, device: torch.device | str, case: Any = None) -> tuple[tuple, dict]:
     """A recorded call's arguments on ``device``, with their original strides; built arguments are rebuilt
-    from ``case`` (a ``DecodeCase``)."""
-    from gqa_decode_fuzz.generation.cases import build
-
+    from ``case`` (a ``DecodeCase`` or ``PrefillCase``)."""
     device = torch.device(device)
     needs_build = any(isinstance(v, dict) and "built" in v for v in [*call["args"], *call["kwargs"].values()])
     if needs_build and case is None:
         raise CaseFileError("the call refers to built inputs but the case file holds no case descriptor")
-    built = build(case, device) if needs_build else None
+    built = build_case(case, device) if needs_build else None
     args = tuple(_restored(value, device, built) for value in call["args"])
     kwargs = {name: _restored(value, device, built) for name, value in call["kwargs"].items()}
     return args, kwargs
@@ -230,12 +228,23 @@ def claim_from_fields(fields: dict | None) -> tuple[Any, dict] | None:
 
 
 def case_from_fields(fields: dict | None) -> Any:
-    """The ``DecodeCase`` a case file describes (None when the example was built otherwise)."""
+    """The ``DecodeCase`` or ``PrefillCase`` (its fields name ``q_lens``) a case file describes (None when the
+    example was built otherwise)."""
     from gqa_decode_fuzz.generation.cases import DecodeCase
+    from gqa_decode_fuzz.generation.prefill_cases import PrefillCase
 
     if not fields:
         return None
-    return DecodeCase(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    kind = PrefillCase if "q_lens" in fields else DecodeCase
+    return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def build_case(case: Any, device: torch.device | str) -> Any:
+    """The inputs of a recorded case, through its op type's builder (unobserved: a replay is not an example)."""
+    from gqa_decode_fuzz.generation.cases import build
+    from gqa_decode_fuzz.generation.prefill_cases import PrefillCase, build_prefill
+
+    return (build_prefill if isinstance(case, PrefillCase) else build)(case, device, observe=False)
 
 
 # ---- writing and reading --------------------------------------------------------------------

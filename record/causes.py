@@ -104,7 +104,12 @@ class Failure:
 
     @property
     def probeable(self) -> bool:
-        return self.case is not None and not self.crashed
+        """A decode case that did not crash: the probes replay decode claims (prefill cases are not probed yet)."""
+        return self.case is not None and not self.crashed and not _prefill(self.case)
+
+
+def _prefill(case: Any) -> bool:
+    return getattr(case, "q_lens", None) is not None
 
 
 @dataclass
@@ -484,14 +489,14 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
         if failure.crashed:
             causes.append(Cause(failure, note="crashed: not probed (a fault poisons the probing process's CUDA "
                                               "context)"))
-        elif failure.case is None:
+        elif failure.case is None or _prefill(failure.case):
             function = failure.prop.partition("[")[0]
             if function in caseless:
                 caseless[function].members.append((failure, "the same test function, no case to probe"))
                 continue
-            caseless[function] = Cause(failure, note="no case descriptor to probe ("
-                                       + ("no case file" if not failure.case_file else "not a DecodeCase")
-                                       + "): grouped by test function")
+            why = ("a causal prefill case: not probed yet" if failure.case is not None
+                   else "no case file" if not failure.case_file else "not a DecodeCase")
+            caseless[function] = Cause(failure, note=f"no case descriptor to probe ({why}): grouped by test function")
             causes.append(caseless[function])
     return causes
 

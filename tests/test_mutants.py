@@ -15,7 +15,7 @@ import torch
 
 from gqa_decode_fuzz.engine.target import load_impl
 from gqa_decode_fuzz.generation.cases import DecodeCase, build
-from gqa_decode_fuzz.reference.definitions import BUILT_IN
+from gqa_decode_fuzz.reference.definitions import ALL_BUILT_IN
 from tests.corpus import CLASSES, MUTANTS, MutantPatchError, Patch, by_name, run_suite, suite_command
 from tests.corpus.materialise import KERNEL_DIR, apply_patches, materialise_package
 
@@ -54,7 +54,7 @@ def test_corpus_covers_every_defect_class():
 
 
 def test_each_mutant_runs_under_a_built_in_definition_named_on_the_command_line(tmp_path):
-    unknown = {m.name: m.definition for m in MUTANTS if m.definition is not None and m.definition not in BUILT_IN}
+    unknown = {m.name: m.definition for m in MUTANTS if m.definition is not None and m.definition not in ALL_BUILT_IN}
     assert not unknown, f"mutants under definitions that are not built in: {unknown}"
     paged = by_name("last_page_read_whole")
     assert f"--definition={paged.definition}" in suite_command(paged, "impl.py:run", tmp_path)

@@ -89,10 +89,11 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
     except CaseFileError as error:
         print(f"\n-- call {number}: cannot be replayed from the file: {error}")
         return None
-    print(f"\n-- call {number}: layout")
+    prefill = getattr(case, "q_lens", None) is not None
+    print(f"\n-- call {number}: layout" + (" (causal prefill: described by its case above)" if prefill else ""))
     # Keyword arguments beyond the call's own (knobs, a DPS call's destination layout) are said, not described.
     said = {name: value for name, value in kwargs.items() if name not in _CALL_ARGUMENTS}
-    for line in describe_layout(*args, **{k: v for k, v in kwargs.items() if k in _CALL_ARGUMENTS}):
+    for line in () if prefill else describe_layout(*args, **{k: v for k, v in kwargs.items() if k in _CALL_ARGUMENTS}):
         print(f"   {line}")
     for name, value in said.items():
         print(f"   {name}={value!r}")
@@ -101,6 +102,8 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
     except Exception as error:  # noqa: BLE001 - an implementation's exception is a finding, not a crash
         print(f"-- call {number}: the implementation raised {type(error).__name__}: {error}")
         return True
+    if prefill:  # a causal prefill call: the suite's order is PrefillInputs'
+        return _prefill_verdict(number, args, kwargs, output, lse)
     known = dict(zip(("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale", "kv_last_page_len"), args))
     known.update({k: v for k, v in kwargs.items() if k in ("sm_scale", "kv_last_page_len")})
     reference = reference.attend(*args[:5], known.get("sm_scale"), known.get("kv_last_page_len"))
@@ -116,6 +119,26 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
         except ImportError:
             print("   no heatmap: matplotlib is not installed")
     return failed
+
+
+def _prefill_verdict(number: int, args: tuple, kwargs: dict, output, lse) -> bool:
+    """A replayed causal prefill call against the prefill oracle, row by row: the suite's one comparison and its
+    mismatch report; True when it fails."""
+    from gqa_decode_fuzz.generation.prefill_cases import PrefillInputs
+    from gqa_decode_fuzz.properties.checks import prefill_oracle_of
+    from gqa_decode_fuzz.reference.compare import check_against_reference, raise_if_any
+
+    inputs = PrefillInputs(*args, **{k: v for k, v in kwargs.items() if k in PrefillInputs._fields})
+    q_bounds = inputs.qo_indptr.tolist()
+    print(f"-- call {number}: causal prefill, {len(q_bounds) - 1} sequence(s), queries {list(q_bounds)} (qo_indptr)")
+    print(f"-- call {number}: result against the float64 prefill oracle, one row per query token")
+    try:
+        raise_if_any(check_against_reference(output, lse, prefill_oracle_of(inputs)), f"call {number}")
+    except AssertionError as error:
+        print("\n".join(f"   {line}" for line in str(error).splitlines()))
+        return True
+    print("   every row within the bound")
+    return False
 
 
 def _replay_calls(calls: list[dict], options, impl, device, payload: dict, case) -> list[bool | None]:

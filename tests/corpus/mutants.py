@@ -11,14 +11,15 @@ so its kill is recorded on an H200 (docs/mutants.md).
 
 ``definition`` names the definition a mutant runs under (``--definition``): the seed's
 by default; the defects of last pages and of padded heads show only where pages hold
-several tokens or the head count is not a power of two.
+several tokens or the head count is not a power of two. The prefill kernel's mutants
+(``prefill_mutants.py``) run under prefill definitions, so the prefill properties judge them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CLASSES", "MUTANTS", "Mutant", "Patch", "by_name"]
+__all__ = ["CLASSES", "DECODE_MUTANTS", "MUTANTS", "Mutant", "Patch", "by_name"]
 
 KERNEL, LAUNCH = "_kernel.py", "_launch.py"
 
@@ -93,7 +94,7 @@ def _launch(old: str, new: str) -> tuple[Patch, ...]:
     return (Patch(LAUNCH, old, new),)
 
 
-MUTANTS: tuple[Mutant, ...] = (
+DECODE_MUTANTS: tuple[Mutant, ...] = (
     # ---- LSE base ----
     Mutant("lse_natural_log", "lse base", "stores the natural-log LSE where the contract says base 2",
            _kernel(_LSE_STORE, "tl.store(lse_ptrs, m_i + tl.log(l_i)")),
@@ -244,6 +245,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "killed meaningfully only on a GPU (int32 offsets, unread last-dim strides, unchecked page ids)",
            file="tests/corpus/seed_original.py", gpu_only=True),
 )
+
+
+# The prefill kernel's planted defects, each under a prefill definition (the property suite's prefill properties).
+from .prefill_mutants import PREFILL_MUTANTS  # noqa: E402 - it builds on Mutant and Patch above
+
+MUTANTS: tuple[Mutant, ...] = DECODE_MUTANTS + PREFILL_MUTANTS
 
 
 def by_name(name: str) -> Mutant:
