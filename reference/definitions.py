@@ -336,8 +336,8 @@ def built_in(*op_types: str) -> dict[str, Definition]:
     return {name: d for name, d in ALL_BUILT_IN.items() if d.op_type in wanted}
 
 
-# The decode family: what the decode layers (builder, strategies, properties, kernel, adapters) iterate. Prefill
-# definitions have no properties yet; they are in ALL_BUILT_IN and ``built_in(PAGED_PREFILL, RAGGED_PREFILL)``.
+# The decode family: what the decode layers (builder, strategies, kernel, adapters) iterate. Prefill definitions
+# are in ALL_BUILT_IN and ``built_in(PAGED_PREFILL, RAGGED_PREFILL)``; the property suite takes every op type.
 BUILT_IN: dict[str, Definition] = built_in(DECODE)
 SEED = BUILT_IN[SEED_NAME]
 _known: dict[str, Definition] = dict(ALL_BUILT_IN)

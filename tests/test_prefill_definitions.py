@@ -157,7 +157,7 @@ def _suite(tmp_path, *args: str):
 
 
 @pytest.mark.parametrize("spec", [RAGGED, "prefill"])
-def test_the_property_suite_refuses_prefill_until_it_has_properties(tmp_path, spec):
-    result = _suite(tmp_path, "properties/test_decode.py", f"--definition={spec}")
-    assert result.returncode == 4, result.stdout + result.stderr  # a usage error, before any test
-    assert "prefill definitions have no properties yet" in result.stdout + result.stderr
+def test_the_property_suite_deselects_decode_properties_for_prefill_definitions(tmp_path, spec):
+    result = _suite(tmp_path, "properties/test_decode.py", "--collect-only", f"--definition={spec}")
+    assert result.returncode == 5, result.stdout + result.stderr  # every decode property deselected: none to run
+    assert "deselected" in result.stdout, result.stdout + result.stderr
