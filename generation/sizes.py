@@ -17,6 +17,6 @@ class SizeLimits:
     max_batch: int = 4
     max_len: int = 300
     max_spare_pages: int = 512
-    max_q_len: int = 40
-    max_kv_len: int = 160
+    max_q_len: int = 34
+    max_kv_len: int = 136
     max_prefill_batch: int = 3

@@ -339,11 +339,12 @@ def decided_by_draws(prop: str) -> bool:
 
 
 def property_claim(claim: Claim) -> Callable:
-    """Declare the claim a property's test states: sets ``claim`` on the test function and returns it (a minimal
-    version, so that the prefill properties run; the fuller one reconciles with ``claim_for``)."""
+    """Declare the claim a property's test states: sets ``claim`` on the test function, makes it the test's claim
+    for ``claim_for`` (the root-cause probes), and returns the test (a minimal version)."""
 
     def declare(test: Callable) -> Callable:
         test.claim = claim
+        _CLAIMS.setdefault(test.__name__, claim)
         return test
 
     return declare

@@ -49,7 +49,7 @@ def test_prefill_rows_that_see_no_key_give_zero_output_and_negative_infinite_lse
 
 
 @property_claim(prefill_claims.keys_beyond_the_window_ignored)
-@share_of_examples(0.5)
+@share_of_examples(0.25)
 @given(case=prefill_cases(limits=LIMITS), seq=st.integers(0, 7), cut=st.floats(0.0, 1.0))
 @example(case=PrefillCase(q_lens=(4,), kv_lens=(70,)), seq=0, cut=0.97)  # rows 0..1 miss the last keys
 def test_prefill_keys_beyond_a_rows_causal_window_change_nothing(impl, device, contract, case, seq, cut):
@@ -57,7 +57,7 @@ def test_prefill_keys_beyond_a_rows_causal_window_change_nothing(impl, device, c
 
 
 @property_claim(prefill_claims.chunked_like_whole)
-@share_of_examples(0.5)
+@share_of_examples(0.25)
 @given(case=prefill_cases(limits=LIMITS), split=st.floats(0.0, 1.0))
 @example(case=PrefillCase(q_lens=(12,), kv_lens=(80,)), split=0.5)
 def test_chunked_prefill_gives_the_same_rows(impl, device, contract, case, split):
@@ -73,7 +73,7 @@ def test_one_query_prefill_equals_decode_on_the_same_cache(impl, device, contrac
 
 @pytest.mark.pool
 @property_claim(prefill_claims.junk_elsewhere)
-@share_of_examples(0.5)
+@share_of_examples(0.25)
 @given(case=prefill_cases(limits=LIMITS, page_layouts=PAGE_LAYOUTS), other_fill=st.sampled_from(POOL_FILLS))
 def test_prefill_junk_in_unreferenced_pages_and_slots_changes_nothing(impl, device, contract, case, other_fill):
     prefill_claims.junk_elsewhere(impl, case, device, contract, other_fill=other_fill)

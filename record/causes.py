@@ -8,7 +8,8 @@ guarded implementation, each with its property's draws:
 
 1. The simplest failing case not yet explained becomes a representative; its own claim must
    fail on it again (else it stays a cause of its own, "not reproduced by its probe").
-2. One descriptor field at a time moves toward its default (``DEFAULTS``): a field whose
+2. One descriptor field at a time moves toward its default (``DEFAULTS``; a ``PrefillCase``'s:
+   ``PREFILL_DEFAULTS``, its query and key counts moved as one field): a field whose
    default makes the failure go away is one the failure needs. A needed scale, length or
    pool is then described by its class ("scale <= 0", "an empty sequence", "page ids >=
    2^22"), confirmed with one more member of the class where one is at hand; fields that
@@ -76,6 +77,13 @@ DEFAULTS: dict[str, Any] = {
     "pool_fill": "nan", "q_layout": "contiguous", "kv_layout": "separate", "index_layout": "int32", "seed": 0,
     "definition": None,  # the seed's
 }
+# A PrefillCase's: its lengths are one field here, (q_lens, kv_lens), moved together (``_moved``); no definition
+# (the seed's is a decode one).
+PREFILL_DEFAULTS: dict[str, Any] = {
+    "lengths": ((1,), (1,)), "scale": None, "values": "normal", "page_layout": "shuffled", "spare_pages": 0,
+    "pool_fill": "nan", "seed": 0,
+}
+KEY_BLOCK = 64  # keys per block of the usual prefill kernels
 LONGER = (3, BLOCK + 2)  # lengths tried when a one-token failure may not need its lengths
 # A head whose exact LSE (base 2) is below this has every logit far below zero: under a finite mask sentinel
 # (FlashInfer's -5e4) the masked slots then outweigh every real logit. Several value regimes and scales get there.
@@ -104,12 +112,30 @@ class Failure:
 
     @property
     def probeable(self) -> bool:
-        """A decode case that did not crash: the probes replay decode claims (prefill cases are not probed yet)."""
-        return self.case is not None and not self.crashed and not _prefill(self.case)
+        return self.case is not None and not self.crashed
 
 
 def _prefill(case: Any) -> bool:
     return getattr(case, "q_lens", None) is not None
+
+
+def _defaults(case: Any) -> dict[str, Any]:
+    """Where each field of ``case`` moves when a probe asks whether the failure needs it."""
+    return PREFILL_DEFAULTS if _prefill(case) else DEFAULTS
+
+
+def _field(case: Any, name: str) -> Any:
+    """A field of ``case`` as ``_defaults`` names it (a prefill case's lengths: the pair (q_lens, kv_lens))."""
+    if name == "lengths" and _prefill(case):
+        return case.q_lens, case.kv_lens
+    return getattr(case, name)
+
+
+def _moved(case: Any, **fields: Any) -> Any:
+    """``case`` with ``fields`` replaced (a prefill case's lengths as the pair)."""
+    if "lengths" in fields and _prefill(case):
+        fields["q_lens"], fields["kv_lens"] = fields.pop("lengths")
+    return replace(case, **fields)
 
 
 @dataclass
@@ -255,7 +281,7 @@ def _with(case: Any, draws: dict | None) -> str:
 
 def _pool_pages(case: Any) -> int:
     """The pool's pages (the builder's count: a sequence of n tokens owns ceil(n / page_size) pages)."""
-    page = case.shape.page_size
+    page = max(case.shape.page_size, 1)  # ragged K and V: a row per key
     return sum(-(-n // page) for n in case.lengths) + case.spare_pages
 
 
@@ -277,6 +303,27 @@ def _length_features(lengths: tuple[int, ...]) -> list[str]:
     if not lengths:
         features.append("batch 0")
     return features
+
+
+def _prefill_length_features(q_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> list[str]:
+    pairs = list(zip(q_lens, kv_lens))
+    features = []
+    if any(q > kv for q, kv in pairs):
+        features.append("a row that sees no key")
+    if any(0 < q < kv for q, kv in pairs):
+        features.append("a chunk of queries after cached keys")
+    if max(q_lens, default=0) >= 2:
+        features.append("a sequence of 2 or more queries")
+    if max(kv_lens, default=0) > KEY_BLOCK:
+        features.append(f"a sequence of more than {KEY_BLOCK} keys")
+    if len(pairs) >= 2:
+        features.append("batch >= 2")
+    return features
+
+
+def _features(case: Any) -> list[str]:
+    """What a case's lengths show, in words (``_length_features``, or prefill's)."""
+    return _prefill_length_features(case.q_lens, case.kv_lens) if _prefill(case) else _length_features(case.lengths)
 
 
 def _scale_class(scale: float | None) -> tuple[str, Callable[[Any], bool], float | None]:
@@ -311,11 +358,11 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
     """Move each field of the representative's case toward its default, one at a time."""
     case, needed = rep.case, _Needed()
     words_of: dict[str, list[str]] = {}
-    for name, default in DEFAULTS.items():
-        value = getattr(case, name)
+    for name, default in _defaults(case).items():
+        value = _field(case, name)
         if value == default:
             continue
-        verdict = prober.fails(rep.prop, replace(case, **{name: default}), rep.draws, rep.knobs)
+        verdict = prober.fails(rep.prop, _moved(case, **{name: default}), rep.draws, rep.knobs)
         if verdict is None:
             needed.free.append(f"{name} untested")
             continue
@@ -326,7 +373,7 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
         said = len(needed.words)
         _describe_needed(prober, rep, name, value, needed)
         words_of[name] = needed.words[said:]
-    if case.lengths == DEFAULTS["lengths"]:  # one token: does a longer batch fail too?
+    if not _prefill(case) and case.lengths == DEFAULTS["lengths"]:  # one token: does a longer batch fail too?
         verdict = prober.fails(rep.prop, replace(case, lengths=LONGER), rep.draws, rep.knobs)
         if verdict:
             needed.free.append(FREE_WORDS["lengths"])
@@ -347,9 +394,9 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
         needed.words.append(words)
         needed.tests["scale"] = lambda c, t=test: t(c.scale)
     elif name == "lengths":
-        features = _length_features(value)
+        features = _features(case)
         needed.words.append(" and ".join(features) or f"lengths {value!r}")
-        needed.tests["lengths"] = lambda c, f=tuple(features): set(f) <= set(_length_features(c.lengths))
+        needed.tests["lengths"] = lambda c, f=tuple(features): set(f) <= set(_features(c))
     elif name == "spare_pages" and _pool_pages(case) > _page_id_limit(case):
         needed.words.append(f"page ids >= 2^{_page_id_limit(case).bit_length() - 1} (a pool of "
                             f"{_pool_pages(case):,} pages)")
@@ -381,11 +428,13 @@ def _far_below_zero(case: Any) -> bool:
 
 @functools.lru_cache(maxsize=512)
 def _far_below_in(case: Any, definition: str) -> bool:  # ``definition``: the key a case of None's resolves to
-    from gqa_decode_fuzz.generation.cases import build, unobserved, using_definition
+    from gqa_decode_fuzz.generation.cases import unobserved, using_definition
     from gqa_decode_fuzz.properties.checks import oracle_of
 
+    from .casefiles import build_case
+
     with using_definition(case.shape), unobserved():
-        reference = oracle_of(build(case, "cpu", observe=False))
+        reference = oracle_of(build_case(case, "cpu"))
     return bool((reference.lse < FAR_BELOW_LSE2).any())
 
 
@@ -395,7 +444,8 @@ def _fold_into_far_below(case: Any, needed: _Needed, words_of: dict[str, list[st
     fields = [name for name in LOGIT_FIELDS if name in needed.tests]
     if not fields or not _far_below_zero(case):
         return
-    if case.lengths == DEFAULTS["lengths"] and "lengths" in needed.tests:  # a longer draw's other logits passed
+    one_token = not _prefill(case) and case.lengths == DEFAULTS["lengths"]
+    if one_token and "lengths" in needed.tests:  # a longer draw's other logits passed
         fields.append("lengths")
     for name in fields:
         del needed.tests[name]
@@ -410,12 +460,13 @@ def _needed_fields(needed: _Needed) -> list[str]:
 
 
 def _toward_defaults(case: Any, needed: _Needed) -> Any:
-    return replace(case, **{name: DEFAULTS[name] for name in _needed_fields(needed)})
+    return _moved(case, **{name: _defaults(case)[name] for name in _needed_fields(needed)})
 
 
 def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str | None:
-    """Why ``other`` belongs to the representative's cause, or None."""
-    if not needed.holds_for(other.case):
+    """Why ``other`` belongs to the representative's cause, or None (never across op types: a decode case is no
+    case of a prefill claim)."""
+    if _prefill(rep.case) != _prefill(other.case) or not needed.holds_for(other.case):
         return None
     # A cause that needs its definition: the representative's case under the other's own definition, which may
     # fail for another reason (its own definition's), so under the representative's it would join wrongly.
@@ -431,7 +482,7 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
 
 def _simplicity(failure: Failure) -> tuple:
     case = failure.case
-    changed = sum(getattr(case, name) != default for name, default in DEFAULTS.items() if name != "seed")
+    changed = sum(_field(case, name) != default for name, default in _defaults(case).items() if name != "seed")
     return (changed, _pool_pages(case), sum(case.lengths), len(case.lengths), failure.prop)
 
 
@@ -489,14 +540,14 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
         if failure.crashed:
             causes.append(Cause(failure, note="crashed: not probed (a fault poisons the probing process's CUDA "
                                               "context)"))
-        elif failure.case is None or _prefill(failure.case):
+        elif failure.case is None:
             function = failure.prop.partition("[")[0]
             if function in caseless:
                 caseless[function].members.append((failure, "the same test function, no case to probe"))
                 continue
-            why = ("a causal prefill case: not probed yet" if failure.case is not None
-                   else "no case file" if not failure.case_file else "not a DecodeCase")
-            caseless[function] = Cause(failure, note=f"no case descriptor to probe ({why}): grouped by test function")
+            caseless[function] = Cause(failure, note="no case descriptor to probe ("
+                                       + ("no case file" if not failure.case_file else "not a DecodeCase")
+                                       + "): grouped by test function")
             causes.append(caseless[function])
     return causes
 
