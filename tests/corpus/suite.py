@@ -26,7 +26,8 @@ _FAILED = re.compile(r"^FAILED (\S+)", re.MULTILINE)
 # How Hypothesis introduces the reported example: "Failing test case" / "Failing explicit example" (6.1xx),
 # "Falsifying example" / "Falsifying explicit example" (older releases).
 _REPORTED = re.compile(r"Failing test case|Failing explicit example|Falsifying (?:explicit )?example")
-_LENGTHS = re.compile(r"DecodeCase\(lengths=\(([\d, ]*)\)")
+# A DecodeCase's lengths, or a PrefillCase's key counts (Hypothesis may break its repr over lines).
+_LENGTHS = re.compile(r"(?:DecodeCase\(lengths|PrefillCase\(q_lens=\([\d, ]*\),\s*kv_lens)=\(([\d, ]*)\)")
 
 
 @dataclass(frozen=True)
