@@ -3,6 +3,7 @@
 import torch
 
 from gqa_decode_fuzz.generation.cases import DecodeCase, build
+from gqa_decode_fuzz.generation.prefill_cases import PrefillCase
 from gqa_decode_fuzz.record import casefiles
 from gqa_decode_fuzz.record.repro.diagnosis import describe_layout, describe_mismatch, ranges
 from gqa_decode_fuzz.reference import attend
@@ -179,3 +180,37 @@ def test_a_kernel_replayed_in_its_own_process_cannot_talk_the_replay_into_green(
     assert isolated.returncode == 1 and "isolation: on" in isolated.stdout, isolated.stdout + isolated.stderr
     trusted = run_module("gqa_decode_fuzz.record.repro", str(path), "--device", "cpu", "--no-png", "--isolation", "off")
     assert trusted.returncode == 0, trusted.stdout + trusted.stderr  # the threat is real
+
+
+# Zeroes the output rows 2.. of a causal prefill call (of the ragged definition below).
+PREFILL_DEFECT = (
+    "from gqa_decode_fuzz.kernel import run as ours\n"
+    "from gqa_decode_fuzz.reference import definitions\n"
+    "_run = ours.for_definition(definitions.by_name('gqa_ragged_prefill_causal_h32_kv8_d128'))\n"
+    "def run(*args):\n"
+    "    output, lse = _run(*args)\n"
+    "    output[2:] = 0\n"
+    "    return output, lse\n"
+)
+
+
+def test_failing_prefill_property_saves_a_case_that_replays_on_cpu(tmp_path):
+    (tmp_path / "prefill_defect.py").write_text(PREFILL_DEFECT)
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    result = run_pytest("properties/test_prefill.py::test_prefill_output_and_lse_within_error_bound", "-n", "0",
+                        "-x", "--hypothesis-profile=ci", "--definition=gqa_ragged_prefill_causal_h32_kv8_d128",
+                        f"--impl={tmp_path / 'prefill_defect.py'}:run", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (path,) = (tmp_path / "failures").glob("*.pt")
+    saved = casefiles.load_case(path)
+    assert saved["case_repr"].startswith("PrefillCase(q_lens=(")
+    assert isinstance(casefiles.case_from_fields(saved["case_fields"]), PrefillCase)
+
+    replay = run_module("gqa_decode_fuzz.record.repro", str(path), "--device", "cpu", "--no-png", env=env)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "float64 prefill oracle" in replay.stdout and "output not within bound" in replay.stdout
+    assert "reproduced on cpu" in replay.stdout
+
+    fixed = run_module("gqa_decode_fuzz.record.repro", str(path), "--device", "cpu", "--no-png",
+                       "--impl", "gqa_decode_fuzz.kernel:run", env=env)
+    assert fixed.returncode == 0 and "did not reproduce" in fixed.stdout, fixed.stdout + fixed.stderr
