@@ -1,6 +1,6 @@
 """The contract's op types: FlashInfer-Bench's causal prefill Definition files (paged and ragged) are read right,
-refused naming what where they are not of a known kind, and selected by op type; the decode-only layers (the
-property suite's plugin) keep ``--definition=all`` meaning every decode built-in and refuse prefill."""
+refused naming what where they are not of a known kind, and selected by op type; the property suite runs each
+property under the definitions of its own op type."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_selection_by_op_type_list_and_all():
     assert select("prefill") == tuple(built_in(*PREFILL).values())
     assert {d.op_type for d in select("paged_prefill")} == {PAGED_PREFILL} and len(select("ragged_prefill")) == 9
     assert [d.name for d in select(f"{RAGGED}, decode, {RAGGED}")] == [RAGGED, *BUILT_IN]
-    assert select("all", op_types=(DECODE,)) == tuple(BUILT_IN.values())  # what the property suite means by all
+    assert select("all", op_types=(DECODE,)) == tuple(BUILT_IN.values())  # a caller that takes decode only
 
 
 @pytest.mark.parametrize("spec, named", [
