@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start no property after SECONDS (the one in flight and the root-cause probes finish)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the verdict as JSON here")
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed: the same seed, the same examples "
-                        "(default 0)")
+                        "(default 0; the ci profile is derandomized and draws the same examples whatever the seed)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--profile", default="dev", help="Hypothesis profile: dev, ci, gpu, nightly (default dev)")
     parser.add_argument("--examples", type=int, default=None, metavar="N", help="examples per property")

@@ -61,8 +61,9 @@ def editable(tmp_path_factory):
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     (venv / purelib / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--prefix", str(venv), "-e",
-                    str(ROOT)], check=True, capture_output=True, timeout=600)
+    # --ignore-installed: without it pip uninstalls the checkout's install from the environment running the tests
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed",
+                    "--prefix", str(venv), "-e", str(ROOT)], check=True, capture_output=True, timeout=600)
     return python
 
 
