@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="dev", help="Hypothesis profile: dev, ci, gpu, nightly (default dev)")
     parser.add_argument("--examples", type=int, default=None, metavar="N", help="examples per property")
     parser.add_argument("--contract", choices=("auto", "correct", "strict"), default="auto")
+    parser.add_argument("--first-failure", action="store_true",
+                        help="stop at the first failing property (pytest -x): the fastest fail verdict, one cause")
     parser.add_argument("-k", dest="keyword", default=None, metavar="EXPRESSION", help="pytest -k: which properties")
     parser.add_argument("--out", type=Path, default=Path("gqa-decode-check"), metavar="DIR",
                         help="where each check's folder goes: case files, run report, workloads (default "
@@ -95,6 +97,7 @@ def _pytest_command(args: argparse.Namespace, spec: str, run_dir: Path) -> list[
     command += [f"--time-budget={args.time_budget}"] if args.time_budget else []
     command += [f"--max-examples={args.examples}"] if args.examples else []
     command += ["-k", args.keyword] if args.keyword else []
+    command += ["-x"] if args.first_failure else []
     return command + list(args.passthrough)
 
 

@@ -8,6 +8,7 @@ line on stderr and no traceback; the ones found before pytest starts are checked
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -149,3 +150,14 @@ def test_a_solution_whose_source_does_not_import_is_exit_2_without_a_traceback(t
     assert result.returncode == 2, result.stdout + result.stderr
     assert "no_such_module_anywhere" in result.stderr and "Traceback" not in result.stderr + result.stdout
     assert len(result.stderr.strip().splitlines()) == 1 and verdict["verdict"] == "error"
+
+
+@pytest.mark.parametrize(("options", "stops_at_first"), [((), False), (("--first-failure",), True)])
+def test_first_failure_stops_the_suite_at_the_first_failing_property(tmp_path, options, stops_at_first):
+    from gqa_decode_fuzz.cli import check
+
+    parser = argparse.ArgumentParser()
+    check.add_arguments(parser)
+    args = parser.parse_args(["tests/impls/wrong_kv_head.py:run", *options])
+    args.passthrough = []
+    assert ("-x" in check._pytest_command(args, args.target, tmp_path)) == stops_at_first
