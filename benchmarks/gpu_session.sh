@@ -47,16 +47,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PYTEST=(python3 -m pytest -p no:cacheprovider)
 
-# The suite's folders are the packages of one namespace, gqa_decode_fuzz (`pip install -e .` maps it); where the
-# checkout is not installed (an image without network), a folder of links to pyproject's package-dir maps it.
-if ! python3 -c 'import gqa_decode_fuzz.runner' 2>/dev/null; then
-  namespace=$(mktemp -d)
-  mkdir -p "$namespace/gqa_decode_fuzz"
-  for package in $(python3 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"].values())'); do
-    ln -s "$PWD/$package" "$namespace/gqa_decode_fuzz/$package"
-  done
-  export PYTHONPATH=$namespace${PYTHONPATH:+:$PYTHONPATH}
-fi
+. "$(dirname "$0")/namespace.sh"  # gqa_decode_fuzz importable without installing the checkout
 
 step() {  # step NAME SECONDS COMMAND...: run, keep the last lines, record the exit status and wall time
   local name=$1 limit=$2
