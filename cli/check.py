@@ -231,6 +231,8 @@ def _check(args: argparse.Namespace) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="check-", dir=args.out)).resolve()
     start = time.monotonic()
     completed = _run_suite(args, spec, run_dir)
-    if completed.returncode not in (0, 1):  # refused (usage error), interrupted, internal error, nothing collected
+    # 2 is pytest's "interrupted", which -x under xdist also gives once a property fails
+    stopped_at_first = args.first_failure and completed.returncode == 2
+    if completed.returncode not in (0, 1) and not stopped_at_first:  # refused, interrupted, internal error, none
         raise CommandError(f"pytest exit {completed.returncode}: {_usage_error(run_dir)}")
     return _result(args, definitions, run_dir, completed.returncode, time.monotonic() - start)
