@@ -200,7 +200,7 @@ class RunState:
     worker: str | None  # the xdist worker id, None outside xdist workers
     controller: bool
     claims_dir: Path
-    workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the central property
+    workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the property marked ``workloads``
     isolated: bool = False  # the implementation runs in a child process (``isolation``)
     deadline: float | None = None  # --time-budget: no test starts after this time.time()
 
@@ -209,14 +209,6 @@ PLAN = pytest.StashKey[RunPlan]()
 RUN = pytest.StashKey[RunState]()
 WORKER_DEVICE_KEY = "gqa_decode_device"  # xdist workerinput: the device the controller resolved
 SUITE_RUN = "gqa-decode-run"  # the name the SuiteRun object is registered under
-_active: RunState | None = None  # for test modules, which build their strategies when imported
-
-
-def current_run() -> RunState:
-    """The run being configured or collected; fails clearly outside pytest."""
-    if _active is None:
-        raise RuntimeError("the property suite's run state is set by its pytest plugin; run it through pytest")
-    return _active
 
 
 def _xdist_role(config: pytest.Config) -> SimpleNamespace:
@@ -393,14 +385,12 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
 
 def _start(config: pytest.Config) -> SuiteRun:
     """Load the implementation (and with it torch) and register the run's ``SuiteRun``."""
-    global _active
     from .suite_run import SuiteRun
 
     state = _run_state(config, config.stash[PLAN])
     if state.controller and state.isolated:  # it runs no test: its child only told the declarations
         state.target.function.close()
     config.stash[RUN] = state
-    _active = state
     run = SuiteRun(config, state, PIN)
     config.pluginmanager.register(run, SUITE_RUN)
     return run
@@ -420,6 +410,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "for an implementation that waives input_validation")
     config.addinivalue_line("markers", "destination_passing: a claim about destination-passing calls; skipped for "
                                        "an implementation that returns its results")
+    config.addinivalue_line("markers", "claim(reference): the claim a property checks ('module:name'); put there by "
+                                       "properties.claims.property_claim, required of every test in the suite")
+    config.addinivalue_line("markers", "workloads(argument): each --workloads case becomes an explicit example of "
+                                       "this property, given as its argument named so")
     config.stash[PLAN] = _run_plan(config)
     if not _starts_workers(config):
         _start(config)
@@ -484,8 +478,6 @@ def pytest_collection(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _active
-    _active = None
     plan = config.stash.get(PLAN, None)
     if plan is not None and plan.mps_server is not None:
         trouble = plan.mps_server.stop()  # after the crash replays (sessionfinish), which may need it
@@ -536,6 +528,20 @@ def suite_definition(request: pytest.FixtureRequest):
         return
     with cases.using_definition(definition):
         yield definition
+
+
+@pytest.fixture(autouse=True)
+def suite_limits(request: pytest.FixtureRequest):
+    """The run's case-size limits, which the properties' strategies (``strategies.run_sized``) draw within while the
+    item runs."""
+    from gqa_decode_fuzz.generation import sizes
+
+    run = request.config.stash.get(RUN, None)
+    if run is None:
+        yield None
+        return
+    with sizes.using_limits(run.limits):
+        yield run.limits
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from hypothesis import example
 from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import isolation, knobs
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
     from .plugin import RunState
 
 INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
+CLAIM_MARKER = "claim"  # ``property_claim``'s marker: its one argument is the test's claim, as a reference
 
-__all__ = ["INFRASTRUCTURE", "SuiteRun", "guarded_impl", "release_frames"]
+__all__ = ["CLAIM_MARKER", "INFRASTRUCTURE", "SuiteRun", "UndeclaredClaim", "declared_claim", "guarded_impl",
+           "release_frames"]
 
 
 def release_frames(error: BaseException | None) -> None:
@@ -64,6 +67,42 @@ class _SeenFailure:
 
     record: casefiles.Recorder
     error: str
+
+
+class UndeclaredClaim(BaseException):  # noqa: N818 - reads as what happened
+    """A property's body called a claim other than the one its test declares (``property_claim``): a defect of the
+    test, not of the implementation. A BaseException, so Hypothesis neither shrinks nor retries it."""
+
+
+def declared_claim(item: pytest.Item) -> str | None:
+    """The claim (its reference) a test item declares with ``property_claim`` (the ``claim`` marker), or None."""
+    marker = item.get_closest_marker(CLAIM_MARKER)
+    return str(marker.args[0]) if marker is not None and marker.args else None
+
+
+def _check_declared_claims(collector: pytest.Collector, items: object) -> None:
+    """Every test function collected from the property suite's files declares its claim, else collection fails
+    naming it."""
+    if not isinstance(items, list) or not shards.in_suite(collector.path):
+        return
+    for item in items:
+        if isinstance(item, pytest.Function) and declared_claim(item) is None:
+            raise pytest.Collector.CollectError(
+                f"{item.nodeid}: a property declares the claim its body checks, and this one declares none: put "
+                "@property_claim(claims.<its claim>) (gqa_decode_fuzz.properties.claims) above its @given")
+
+
+def _add_workload_examples(metafunc: pytest.Metafunc, workload_cases: tuple) -> None:
+    """A property marked ``workloads(argument)``: each of the run's ``--workloads`` cases an explicit example of it
+    (run before anything is generated), given as ``argument``; once per test function."""
+    marker = metafunc.definition.get_closest_marker("workloads")
+    function = metafunc.function
+    if marker is None or not workload_cases or getattr(function, "_gqa_decode_workloads", False):
+        return
+    (argument,) = marker.args
+    for case in workload_cases:
+        function = example(**{argument: case})(function)
+    function._gqa_decode_workloads = True
 
 
 def _infrastructure_error(report: pytest.TestReport) -> bool:
@@ -175,8 +214,10 @@ class SuiteRun:
         self.probing = False  # replaying claims after the run: a fault then saves no case file
         self.seen_failure: _SeenFailure | None = None  # the running item's last failing example
         self.reported_records: dict[int, casefiles.Recorder] = {}  # id of a reported example's error -> its record
+        self.declared_claim: str | None = None  # the running item's claim, where it is a property
         cases.add_build_observer(self.recorder.note_build)
         cases.add_claim_observer(self.recorder.note_claim)
+        cases.add_claim_observer(self.check_claim)
         # What each test item builds, how far it got and where its time went.
         synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
         self.counter = run_report.ItemCounter(stages.StageClock(synchronize=synchronize))
@@ -203,6 +244,7 @@ class SuiteRun:
             self.isolated.close()
         cases.remove_build_observer(self.recorder.note_build)
         cases.remove_claim_observer(self.recorder.note_claim)
+        cases.remove_claim_observer(self.check_claim)
         cases.remove_build_observer(self.counter.observe_case)
         stages.uninstall()
 
@@ -229,6 +271,19 @@ class SuiteRun:
             if "paged" in item.keywords and not self._definition_of(item).paged:
                 item.add_marker(pytest.mark.skip(reason=f"pages of one token in {self._definition_of(item).name}"))
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object):
+        items = yield
+        _check_declared_claims(collector, items)
+        return items
+
+    def check_claim(self, case: object, draws: dict, claim: str) -> None:
+        """A claim observer: the running property calls the claim it declares, else ``UndeclaredClaim``."""
+        declared = self.declared_claim
+        if declared is not None and claim != declared:
+            raise UndeclaredClaim(f"{self.recorder.nodeid} declares @property_claim({declared}) but its body calls "
+                                  f"the claim {claim}: declare the claim it checks")
+
     def _definition_of(self, item: pytest.Item):
         """The definition ``item`` runs under: its parameter where the run names several, else the run's one."""
         callspec = getattr(item, "callspec", None)
@@ -241,6 +296,7 @@ class SuiteRun:
         function = metafunc.function
         if not shards.is_property(function, metafunc.definition.path):
             return
+        _add_workload_examples(metafunc, self.state.workload_cases)
         chosen = self.state.definitions
         if len(chosen) > 1:
             metafunc.parametrize("suite_definition", chosen, indirect=True, ids=[d.name for d in chosen])
@@ -293,7 +349,8 @@ class SuiteRun:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self.seen_failure, self.reported_records = None, {}
-        self.recorder.begin(item.nodeid)
+        self.declared_claim = declared_claim(item) if shards.in_suite(item.path) else None
+        self.recorder.begin(item.nodeid, self.declared_claim)
         self.counter.begin(item.nodeid)
         if self.isolated is not None and self.isolated.share is not None:
             self.isolated.share.begin_item()
@@ -321,7 +378,7 @@ class SuiteRun:
             seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
             self.counter.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
                              tier=self.state.contract, definition=self._definition_of(item).name,
-                             **self.outcomes.pop(item.nodeid, {}))
+                             claim=declared_claim(item), **self.outcomes.pop(item.nodeid, {}))
 
     def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
         error = call.excinfo.value
@@ -459,12 +516,9 @@ class SuiteRun:
         """``failures`` grouped into root causes by probing (``causes``), in the process that reports the run. No
         probes once the CUDA context is lost."""
         state = self.state
-        from gqa_decode_fuzz.properties import claims
-
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
-        prober = causes.Prober(self.guarded_impl(), state.device, state.contract, claims.claim_for,
-                               claims.decided_by_draws, budget=causes.Budget.for_failures(len(failures)),
-                               release=release)
+        prober = causes.Prober(self.guarded_impl(), state.device, state.contract,
+                               budget=causes.Budget.for_failures(len(failures)), release=release)
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True
