@@ -185,24 +185,18 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class RunState:
-    """What this run tests, where, to which tier, and where its failures and report go."""
+    """What this run tests, where, to which tier, and where its failures and report go: its ``plan`` (the tier, the
+    run id, the worker, ...) with what loading torch and the implementation settled."""
 
+    plan: RunPlan
     target: Target
     definitions: tuple  # reference.definitions.Definition, each property runs once per each
     device: torch.device
-    contract: str  # "correct" or "strict"
-    sizes: str
     limits: SizeLimits
-    run_id: str
     failures_dir: Path
     failures_budget: ArtifactBudget
     report_dir: Path | None  # None: no run report
-    worker: str | None  # the xdist worker id, None outside xdist workers
-    controller: bool
-    claims_dir: Path
     workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the property marked ``workloads``
-    isolated: bool = False  # the implementation runs in a child process (``isolation``)
-    deadline: float | None = None  # --time-budget: no test starts after this time.time()
 
 
 PLAN = pytest.StashKey[RunPlan]()
@@ -347,13 +341,11 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     workload_cases = _workload_cases(option.workloads, config.rootpath, chosen)
     report = option.run_report
     return RunState(
-        target=target, definitions=chosen, device=device, contract=plan.contract, sizes=plan.sizes,
-        limits=profiles.CASE_SIZES[plan.sizes],
-        run_id=plan.run_id, failures_dir=config.rootpath / option.failures_dir,
+        plan=plan, target=target, definitions=chosen, device=device, limits=profiles.CASE_SIZES[plan.sizes],
+        failures_dir=config.rootpath / option.failures_dir,
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
-        report_dir=None if report == "none" else config.rootpath / report / plan.run_id, worker=plan.worker,
-        controller=plan.controller, claims_dir=plan.claims_dir, workload_cases=workload_cases,
-        isolated=plan.isolated, deadline=plan.deadline,
+        report_dir=None if report == "none" else config.rootpath / report / plan.run_id,
+        workload_cases=workload_cases,
     )
 
 
@@ -388,7 +380,7 @@ def _start(config: pytest.Config) -> SuiteRun:
     from .suite_run import SuiteRun
 
     state = _run_state(config, config.stash[PLAN])
-    if state.controller and state.isolated:  # it runs no test: its child only told the declarations
+    if state.plan.controller and state.plan.isolated:  # it runs no test: its child only told the declarations
         state.target.function.close()
     config.stash[RUN] = state
     run = SuiteRun(config, state, PIN)
@@ -506,7 +498,7 @@ def device(pytestconfig: pytest.Config) -> torch.device:
 @pytest.fixture(scope="session")
 def contract(pytestconfig: pytest.Config) -> str:
     """The contract tier the implementation is held to: "correct" or "strict"."""
-    return pytestconfig.stash[RUN].contract
+    return pytestconfig.stash[RUN].plan.contract
 
 
 @pytest.fixture(scope="session")

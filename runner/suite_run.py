@@ -199,9 +199,9 @@ class SuiteRun:
         self.started: dict[str, float] = {}
         self.outcomes: dict[str, dict] = {}  # per item: outcome, case file, error (for the run report)
         self.guard = Guard(state.device, save=self._save_after_fault, nodeid=lambda: self.recorder.nodeid,
-                           in_worker=state.worker is not None, replay=casefiles.replay_command)
+                           in_worker=state.plan.worker is not None, replay=casefiles.replay_command)
         self.shard_count = shards.resolved_shard_count(config.option.shards)
-        self.claims = shards.FailureClaims(state.claims_dir)
+        self.claims = shards.FailureClaims(state.plan.claims_dir)
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
         self.report_warm_up: threading.Thread | None = None
         self.report_writer: _InThread | None = None
@@ -223,9 +223,9 @@ class SuiteRun:
         self.counter = run_report.ItemCounter(stages.StageClock(synchronize=synchronize))
         stages.install(self.counter.clock)
         cases.add_build_observer(self.counter.observe_case)
-        self.is_controller = state.controller
+        self.is_controller = state.plan.controller
         # The implementation's child process (``isolated_impl``), where it runs in one.
-        self.isolated = state.target.function if state.isolated and not state.controller else None
+        self.isolated = state.target.function if state.plan.isolated and not state.plan.controller else None
         if not self.is_controller:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
@@ -235,7 +235,7 @@ class SuiteRun:
         """The implementation under test as the ``impl`` fixture gives it: its calls recorded, its knobs drawn,
         its faults contained, its time counted as the kernel stage."""
         return guarded_impl(self.state.target, self.guard, self.recorder.note_call, self.knob_draws,
-                            isolated=self.state.isolated)
+                            isolated=self.state.plan.isolated)
 
     # ---- session -------------------------------------------------------------------------------
 
@@ -258,7 +258,7 @@ class SuiteRun:
         reasons = {
             "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
             else None,
-            "strict": "a strict-tier claim (--contract=strict)" if self.state.contract != "strict" else None,
+            "strict": "a strict-tier claim (--contract=strict)" if self.state.plan.contract != "strict" else None,
             "destination_passing": "the implementation returns its results (not destination-passing)"
             if not self.state.target.destination_passing_style else None,
             **{name: f"the implementation waives {name}: {WAIVERS[name]}" if name in self.state.target.waives
@@ -355,7 +355,8 @@ class SuiteRun:
         if self.isolated is not None and self.isolated.share is not None:
             self.isolated.share.begin_item()
         self.started[item.nodeid] = time.perf_counter()
-        if self.state.deadline is not None and time.time() > self.state.deadline and shards.in_suite(item.path):
+        deadline = self.state.plan.deadline
+        if deadline is not None and time.time() > deadline and shards.in_suite(item.path):
             pytest.skip(f"{run_report.UNSTARTED} before it started")
 
     @pytest.hookimpl(hookwrapper=True)
@@ -376,8 +377,8 @@ class SuiteRun:
         if call.when == "teardown" and self.state.report_dir is not None and shards.is_property(
                 getattr(item, "obj", None), item.path):
             seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
-            self.counter.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
-                             tier=self.state.contract, definition=self._definition_of(item).name,
+            self.counter.flush(self.state.report_dir, self.state.plan.worker or "main", seconds, gpu=self._gpu(),
+                             tier=self.state.plan.contract, definition=self._definition_of(item).name,
                              claim=declared_claim(item), **self.outcomes.pop(item.nodeid, {}))
 
     def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
@@ -388,7 +389,7 @@ class SuiteRun:
             report.sections.append(("gqa-decode case file", (self.guard.lost or str(error)).partition("\n")[2]))
             return
         sticky = is_sticky_cuda_error(error)
-        if sticky and self.state.worker:
+        if sticky and self.state.plan.worker:
             self.guard.contain(error)  # does not return
         obj = getattr(item, "obj", None)
         if not self.recorder.used or not (shards.is_hypothesis_test(obj) or shards.in_suite(item.path)):
@@ -428,11 +429,11 @@ class SuiteRun:
     def _save_case(self, error: str, hypothesis_output: str = "", device_readable: bool = True,
                    record: casefiles.Recorder | None = None) -> Path | None:
         state = self.state
-        if not state.failures_budget.allows(state.failures_dir, state.run_id):
+        if not state.failures_budget.allows(state.failures_dir, state.plan.run_id):
             return None
         return casefiles.save_case(
             state.failures_dir, record or self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
-            profile=shards.profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
+            profile=shards.profile_name(), run_id=state.plan.run_id, hypothesis_output=hypothesis_output,
             device_readable=device_readable, solution=_solution_record(state.target),
         )
 
@@ -448,13 +449,13 @@ class SuiteRun:
         path = self._save_case(error, device_readable=False)
         if path is None:
             raise RuntimeError(self._budget_note())
-        if self.state.worker is None:  # without xdist this process reports its own crash
+        if self.state.plan.worker is None:  # without xdist this process reports its own crash
             self.crashes[nodeid] = str(path)
         return path
 
     def _isolation_line(self) -> str:
         option = self.config.option
-        line = isolation.mode_line(self.state.isolated, option.isolation, option.sanitize)
+        line = isolation.mode_line(self.state.plan.isolated, option.isolation, option.sanitize)
         if self.isolated is not None and (self.isolated.restarts or self.isolated.share):
             line += f" ({self.isolated.calls} calls, {self.isolated.restarts} child restarts" + (
                 f", drawn examples sanitized/plain {self.isolated.share.counts['sanitized']}/"
@@ -477,7 +478,7 @@ class SuiteRun:
                                                   "reports this property")
             self._report_crash(crashitem, "stopped")
             return
-        saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.run_id)
+        saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.plan.run_id)
                  if entry["nodeid"] == crashitem]
         for entry in saved:
             report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
@@ -491,7 +492,7 @@ class SuiteRun:
         if self.state.report_dir is None:
             return
         self.counter.begin(nodeid)
-        self.counter.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.contract,
+        self.counter.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.plan.contract,
                          case_file=saved["path"] if saved else None,
                          error=saved["error"] if saved else "the worker running it died")
 
@@ -509,15 +510,15 @@ class SuiteRun:
     def _failures(self) -> list:
         """The run's failures, each with its case file (``causes.Failure``), as the report's process sees them."""
         state = self.state
-        return causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.run_id), self.failed_nodeids,
-                                      isolated=state.isolated, knobs=tuple(state.target.knobs))
+        return causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.plan.run_id), self.failed_nodeids,
+                                      isolated=state.plan.isolated, knobs=tuple(state.target.knobs))
 
     def _find_causes(self, failures: list) -> dict:
         """``failures`` grouped into root causes by probing (``causes``), in the process that reports the run. No
         probes once the CUDA context is lost."""
         state = self.state
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
-        prober = causes.Prober(self.guarded_impl(), state.device, state.contract,
+        prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract,
                                budget=causes.Budget.for_failures(len(failures)), release=release)
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
@@ -555,7 +556,7 @@ class SuiteRun:
             self.report_writer.join()
             return
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED and not session.shouldstop  # Ctrl-C: no replays
-        if self.mps_pipe and self.crashes and not self.state.worker and not interrupted:
+        if self.mps_pipe and self.crashes and not self.state.plan.worker and not interrupted:
             self._replay_crashes()
         self._write_report(probe=not interrupted)
 
@@ -569,7 +570,7 @@ class SuiteRun:
     def _write_report(self, probe: bool = True) -> None:
         if self.report_warm_up is not None:
             self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
-        if self.state.worker:
+        if self.state.plan.worker:
             return
         directory = self.state.report_dir
         writable = directory is not None and directory.is_dir()
@@ -587,12 +588,12 @@ class SuiteRun:
         if self.causes is not None:
             causes.save(directory, self.causes)
         isolation.save(directory, self._isolation_line())
-        self.report_path = run_report.write_report(directory, self.state.run_id)
+        self.report_path = run_report.write_report(directory, self.state.plan.run_id)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         state = self.state
         names = ", ".join(d.name for d in state.definitions)
-        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}, "
+        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.plan.contract}, impl {state.target.spec}, "
                                         f"definition {names}")
         terminalreporter.write_line(self._isolation_line())
         if self.unstarted:
@@ -605,7 +606,7 @@ class SuiteRun:
             terminalreporter.write_sep("=", f"gqa-decode: {found[0]} (root causes, grouped by probing)")
             for line in found[1:]:
                 terminalreporter.write_line(line)
-        saved = casefiles.runs_index(state.failures_dir, state.run_id)
+        saved = casefiles.runs_index(state.failures_dir, state.plan.run_id)
         if saved:
             terminalreporter.write_sep("=", "gqa-decode: failures saved as case files")
             for entry in saved:
