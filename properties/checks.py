@@ -10,11 +10,12 @@ from typing import NamedTuple
 
 import torch
 from hypothesis import note, settings, target
+from hypothesis import strategies as st
 
 from gqa_decode_fuzz import reference
-from gqa_decode_fuzz.generation.cases import DecodeInputs, host_values
+from gqa_decode_fuzz.generation.cases import DecodeCase, DecodeInputs, host_values
 from gqa_decode_fuzz.generation.stages import timed
-from gqa_decode_fuzz.generation.strategies import SizeLimits
+from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases, run_sized
 from gqa_decode_fuzz.reference import compare as _compare
 
 Reference = reference.Reference
@@ -145,3 +146,9 @@ _deterministic_algorithms = getattr(torch._C, "_set_deterministic_algorithms", t
 def shorter(limits: SizeLimits) -> SizeLimits:
     """Half the longest sequence (at least two kernel blocks), for properties that run several calls per case."""
     return replace(limits, max_len=max(limits.max_len // 2, 129))
+
+
+def short_cases(**options) -> st.SearchStrategy[DecodeCase]:
+    """``decode_cases(**options)`` within ``shorter`` of the run's limits, built when it first draws
+    (``run_sized``): for properties that run several calls per case."""
+    return run_sized(lambda limits: decode_cases(limits=shorter(limits), **options))

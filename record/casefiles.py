@@ -99,13 +99,17 @@ class Recorder:
     built_args: list[Any] = field(default_factory=list)  # the built call's arguments, as recorded
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     claim: tuple[Any, dict] | None = None  # the case and draws of the claim the example started (``claims``)
+    property_claim: str | None = None  # the test's claim, as a reference (``module:name``)
 
-    def begin(self, nodeid: str) -> None:
+    def begin(self, nodeid: str, claim: str | None = None) -> None:
+        """Start recording test item ``nodeid``, whose declared claim is ``claim`` (a reference; None: not declared,
+        and then the claim its examples call)."""
         self.nodeid, self.case, self.built, self.built_args, self.calls = nodeid, None, {}, [], []
-        self.claim = None
+        self.claim, self.property_claim = None, claim
 
-    def note_claim(self, case: Any, draws: dict) -> None:
+    def note_claim(self, case: Any, draws: dict, claim: str) -> None:
         self.claim = (case, dict(draws))
+        self.property_claim = self.property_claim or claim
 
     def note_build(self, case: Any, inputs: Any = None) -> None:
         self.case, self.calls = case, []
@@ -319,6 +323,7 @@ def save_case(
         "case_repr": repr(record.case) if record.case is not None else None,
         "case_fields": dataclasses.asdict(record.case) if dataclasses.is_dataclass(record.case) else None,
         "claim": _claim_fields(record.claim),
+        "property_claim": record.property_claim,  # its reference: what the root causes import to probe it
         "calls": _packed_calls(record, device_readable),
     }
     path = directory / _file_name(nodeid)

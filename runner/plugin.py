@@ -185,38 +185,24 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class RunState:
-    """What this run tests, where, to which tier, and where its failures and report go."""
+    """What this run tests, where, to which tier, and where its failures and report go: its ``plan`` (the tier, the
+    run id, the worker, ...) with what loading torch and the implementation settled."""
 
+    plan: RunPlan
     target: Target
     definitions: tuple  # reference.definitions.Definition, each property runs once per each
     device: torch.device
-    contract: str  # "correct" or "strict"
-    sizes: str
     limits: SizeLimits
-    run_id: str
     failures_dir: Path
     failures_budget: ArtifactBudget
     report_dir: Path | None  # None: no run report
-    worker: str | None  # the xdist worker id, None outside xdist workers
-    controller: bool
-    claims_dir: Path
-    workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the central property
-    isolated: bool = False  # the implementation runs in a child process (``isolation``)
-    deadline: float | None = None  # --time-budget: no test starts after this time.time()
+    workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the property marked ``workloads``
 
 
 PLAN = pytest.StashKey[RunPlan]()
 RUN = pytest.StashKey[RunState]()
 WORKER_DEVICE_KEY = "gqa_decode_device"  # xdist workerinput: the device the controller resolved
 SUITE_RUN = "gqa-decode-run"  # the name the SuiteRun object is registered under
-_active: RunState | None = None  # for test modules, which build their strategies when imported
-
-
-def current_run() -> RunState:
-    """The run being configured or collected; fails clearly outside pytest."""
-    if _active is None:
-        raise RuntimeError("the property suite's run state is set by its pytest plugin; run it through pytest")
-    return _active
 
 
 def _xdist_role(config: pytest.Config) -> SimpleNamespace:
@@ -355,13 +341,11 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     workload_cases = _workload_cases(option.workloads, config.rootpath, chosen)
     report = option.run_report
     return RunState(
-        target=target, definitions=chosen, device=device, contract=plan.contract, sizes=plan.sizes,
-        limits=profiles.CASE_SIZES[plan.sizes],
-        run_id=plan.run_id, failures_dir=config.rootpath / option.failures_dir,
+        plan=plan, target=target, definitions=chosen, device=device, limits=profiles.CASE_SIZES[plan.sizes],
+        failures_dir=config.rootpath / option.failures_dir,
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
-        report_dir=None if report == "none" else config.rootpath / report / plan.run_id, worker=plan.worker,
-        controller=plan.controller, claims_dir=plan.claims_dir, workload_cases=workload_cases,
-        isolated=plan.isolated, deadline=plan.deadline,
+        report_dir=None if report == "none" else config.rootpath / report / plan.run_id,
+        workload_cases=workload_cases,
     )
 
 
@@ -393,14 +377,12 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
 
 def _start(config: pytest.Config) -> SuiteRun:
     """Load the implementation (and with it torch) and register the run's ``SuiteRun``."""
-    global _active
     from .suite_run import SuiteRun
 
     state = _run_state(config, config.stash[PLAN])
-    if state.controller and state.isolated:  # it runs no test: its child only told the declarations
+    if state.plan.controller and state.plan.isolated:  # it runs no test: its child only told the declarations
         state.target.function.close()
     config.stash[RUN] = state
-    _active = state
     run = SuiteRun(config, state, PIN)
     config.pluginmanager.register(run, SUITE_RUN)
     return run
@@ -420,6 +402,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "for an implementation that waives input_validation")
     config.addinivalue_line("markers", "destination_passing: a claim about destination-passing calls; skipped for "
                                        "an implementation that returns its results")
+    config.addinivalue_line("markers", "claim(reference): the claim a property checks ('module:name'); put there by "
+                                       "properties.claims.property_claim, required of every test in the suite")
+    config.addinivalue_line("markers", "workloads(argument): each --workloads case becomes an explicit example of "
+                                       "this property, given as its argument named so")
     config.stash[PLAN] = _run_plan(config)
     if not _starts_workers(config):
         _start(config)
@@ -484,8 +470,6 @@ def pytest_collection(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _active
-    _active = None
     plan = config.stash.get(PLAN, None)
     if plan is not None and plan.mps_server is not None:
         trouble = plan.mps_server.stop()  # after the crash replays (sessionfinish), which may need it
@@ -514,7 +498,7 @@ def device(pytestconfig: pytest.Config) -> torch.device:
 @pytest.fixture(scope="session")
 def contract(pytestconfig: pytest.Config) -> str:
     """The contract tier the implementation is held to: "correct" or "strict"."""
-    return pytestconfig.stash[RUN].contract
+    return pytestconfig.stash[RUN].plan.contract
 
 
 @pytest.fixture(scope="session")
@@ -536,6 +520,20 @@ def suite_definition(request: pytest.FixtureRequest):
         return
     with cases.using_definition(definition):
         yield definition
+
+
+@pytest.fixture(autouse=True)
+def suite_limits(request: pytest.FixtureRequest):
+    """The run's case-size limits, which the properties' strategies (``strategies.run_sized``) draw within while the
+    item runs."""
+    from gqa_decode_fuzz.generation import sizes
+
+    run = request.config.stash.get(RUN, None)
+    if run is None:
+        yield None
+        return
+    with sizes.using_limits(run.limits):
+        yield run.limits
 
 
 @pytest.fixture(autouse=True)

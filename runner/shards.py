@@ -37,7 +37,7 @@ __all__ = [
     "share_database_key", "sharded",
 ]
 
-PROPERTY_SUITE = Path(__file__).resolve().parent.parent  # properties/: the tests that are split into shards
+PROPERTY_SUITE = Path(__file__).resolve().parent.parent / "properties"  # the tests that are split into shards
 
 _SHARD_ID = re.compile(r"shard(\d+)of(\d+)")
 _SHARD_PARAMETER = re.compile(r"\[shard\d+of\d+\]$|(?<=\[)shard\d+of\d+-|-shard\d+of\d+(?=\])")

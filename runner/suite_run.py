@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from hypothesis import example
 from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import isolation, knobs
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
     from .plugin import RunState
 
 INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
+CLAIM_MARKER = "claim"  # ``property_claim``'s marker: its one argument is the test's claim, as a reference
 
-__all__ = ["INFRASTRUCTURE", "SuiteRun", "guarded_impl", "release_frames"]
+__all__ = ["CLAIM_MARKER", "INFRASTRUCTURE", "SuiteRun", "UndeclaredClaim", "declared_claim", "guarded_impl",
+           "release_frames"]
 
 
 def release_frames(error: BaseException | None) -> None:
@@ -64,6 +67,42 @@ class _SeenFailure:
 
     record: casefiles.Recorder
     error: str
+
+
+class UndeclaredClaim(BaseException):  # noqa: N818 - reads as what happened
+    """A property's body called a claim other than the one its test declares (``property_claim``): a defect of the
+    test, not of the implementation. A BaseException, so Hypothesis neither shrinks nor retries it."""
+
+
+def declared_claim(item: pytest.Item) -> str | None:
+    """The claim (its reference) a test item declares with ``property_claim`` (the ``claim`` marker), or None."""
+    marker = item.get_closest_marker(CLAIM_MARKER)
+    return str(marker.args[0]) if marker is not None and marker.args else None
+
+
+def _check_declared_claims(collector: pytest.Collector, items: object) -> None:
+    """Every test function collected from the property suite's files declares its claim, else collection fails
+    naming it."""
+    if not isinstance(items, list) or not shards.in_suite(collector.path):
+        return
+    for item in items:
+        if isinstance(item, pytest.Function) and declared_claim(item) is None:
+            raise pytest.Collector.CollectError(
+                f"{item.nodeid}: a property declares the claim its body checks, and this one declares none: put "
+                "@property_claim(claims.<its claim>) (gqa_decode_fuzz.properties.claims) above its @given")
+
+
+def _add_workload_examples(metafunc: pytest.Metafunc, workload_cases: tuple) -> None:
+    """A property marked ``workloads(argument)``: each of the run's ``--workloads`` cases an explicit example of it
+    (run before anything is generated), given as ``argument``; once per test function."""
+    marker = metafunc.definition.get_closest_marker("workloads")
+    function = metafunc.function
+    if marker is None or not workload_cases or getattr(function, "_gqa_decode_workloads", False):
+        return
+    (argument,) = marker.args
+    for case in workload_cases:
+        function = example(**{argument: case})(function)
+    function._gqa_decode_workloads = True
 
 
 def _infrastructure_error(report: pytest.TestReport) -> bool:
@@ -160,9 +199,9 @@ class SuiteRun:
         self.started: dict[str, float] = {}
         self.outcomes: dict[str, dict] = {}  # per item: outcome, case file, error (for the run report)
         self.guard = Guard(state.device, save=self._save_after_fault, nodeid=lambda: self.recorder.nodeid,
-                           in_worker=state.worker is not None, replay=casefiles.replay_command)
+                           in_worker=state.plan.worker is not None, replay=casefiles.replay_command)
         self.shard_count = shards.resolved_shard_count(config.option.shards)
-        self.claims = shards.FailureClaims(state.claims_dir)
+        self.claims = shards.FailureClaims(state.plan.claims_dir)
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
         self.report_warm_up: threading.Thread | None = None
         self.report_writer: _InThread | None = None
@@ -175,16 +214,18 @@ class SuiteRun:
         self.probing = False  # replaying claims after the run: a fault then saves no case file
         self.seen_failure: _SeenFailure | None = None  # the running item's last failing example
         self.reported_records: dict[int, casefiles.Recorder] = {}  # id of a reported example's error -> its record
+        self.declared_claim: str | None = None  # the running item's claim, where it is a property
         cases.add_build_observer(self.recorder.note_build)
         cases.add_claim_observer(self.recorder.note_claim)
+        cases.add_claim_observer(self.check_claim)
         # What each test item builds, how far it got and where its time went.
         synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
         self.counter = run_report.ItemCounter(stages.StageClock(synchronize=synchronize))
         stages.install(self.counter.clock)
         cases.add_build_observer(self.counter.observe_case)
-        self.is_controller = state.controller
+        self.is_controller = state.plan.controller
         # The implementation's child process (``isolated_impl``), where it runs in one.
-        self.isolated = state.target.function if state.isolated and not state.controller else None
+        self.isolated = state.target.function if state.plan.isolated and not state.plan.controller else None
         if not self.is_controller:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
@@ -194,7 +235,7 @@ class SuiteRun:
         """The implementation under test as the ``impl`` fixture gives it: its calls recorded, its knobs drawn,
         its faults contained, its time counted as the kernel stage."""
         return guarded_impl(self.state.target, self.guard, self.recorder.note_call, self.knob_draws,
-                            isolated=self.state.isolated)
+                            isolated=self.state.plan.isolated)
 
     # ---- session -------------------------------------------------------------------------------
 
@@ -203,6 +244,7 @@ class SuiteRun:
             self.isolated.close()
         cases.remove_build_observer(self.recorder.note_build)
         cases.remove_claim_observer(self.recorder.note_claim)
+        cases.remove_claim_observer(self.check_claim)
         cases.remove_build_observer(self.counter.observe_case)
         stages.uninstall()
 
@@ -216,7 +258,7 @@ class SuiteRun:
         reasons = {
             "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
             else None,
-            "strict": "a strict-tier claim (--contract=strict)" if self.state.contract != "strict" else None,
+            "strict": "a strict-tier claim (--contract=strict)" if self.state.plan.contract != "strict" else None,
             "destination_passing": "the implementation returns its results (not destination-passing)"
             if not self.state.target.destination_passing_style else None,
             **{name: f"the implementation waives {name}: {WAIVERS[name]}" if name in self.state.target.waives
@@ -228,6 +270,19 @@ class SuiteRun:
                     item.add_marker(pytest.mark.skip(reason=reason))
             if "paged" in item.keywords and not self._definition_of(item).paged:
                 item.add_marker(pytest.mark.skip(reason=f"pages of one token in {self._definition_of(item).name}"))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object):
+        items = yield
+        _check_declared_claims(collector, items)
+        return items
+
+    def check_claim(self, case: object, draws: dict, claim: str) -> None:
+        """A claim observer: the running property calls the claim it declares, else ``UndeclaredClaim``."""
+        declared = self.declared_claim
+        if declared is not None and claim != declared:
+            raise UndeclaredClaim(f"{self.recorder.nodeid} declares @property_claim({declared}) but its body calls "
+                                  f"the claim {claim}: declare the claim it checks")
 
     def _definition_of(self, item: pytest.Item):
         """The definition ``item`` runs under: its parameter where the run names several, else the run's one."""
@@ -241,6 +296,7 @@ class SuiteRun:
         function = metafunc.function
         if not shards.is_property(function, metafunc.definition.path):
             return
+        _add_workload_examples(metafunc, self.state.workload_cases)
         chosen = self.state.definitions
         if len(chosen) > 1:
             metafunc.parametrize("suite_definition", chosen, indirect=True, ids=[d.name for d in chosen])
@@ -293,12 +349,14 @@ class SuiteRun:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self.seen_failure, self.reported_records = None, {}
-        self.recorder.begin(item.nodeid)
+        self.declared_claim = declared_claim(item) if shards.in_suite(item.path) else None
+        self.recorder.begin(item.nodeid, self.declared_claim)
         self.counter.begin(item.nodeid)
         if self.isolated is not None and self.isolated.share is not None:
             self.isolated.share.begin_item()
         self.started[item.nodeid] = time.perf_counter()
-        if self.state.deadline is not None and time.time() > self.state.deadline and shards.in_suite(item.path):
+        deadline = self.state.plan.deadline
+        if deadline is not None and time.time() > deadline and shards.in_suite(item.path):
             pytest.skip(f"{run_report.UNSTARTED} before it started")
 
     @pytest.hookimpl(hookwrapper=True)
@@ -319,9 +377,9 @@ class SuiteRun:
         if call.when == "teardown" and self.state.report_dir is not None and shards.is_property(
                 getattr(item, "obj", None), item.path):
             seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
-            self.counter.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
-                             tier=self.state.contract, definition=self._definition_of(item).name,
-                             **self.outcomes.pop(item.nodeid, {}))
+            self.counter.flush(self.state.report_dir, self.state.plan.worker or "main", seconds, gpu=self._gpu(),
+                             tier=self.state.plan.contract, definition=self._definition_of(item).name,
+                             claim=declared_claim(item), **self.outcomes.pop(item.nodeid, {}))
 
     def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
         error = call.excinfo.value
@@ -331,7 +389,7 @@ class SuiteRun:
             report.sections.append(("gqa-decode case file", (self.guard.lost or str(error)).partition("\n")[2]))
             return
         sticky = is_sticky_cuda_error(error)
-        if sticky and self.state.worker:
+        if sticky and self.state.plan.worker:
             self.guard.contain(error)  # does not return
         obj = getattr(item, "obj", None)
         if not self.recorder.used or not (shards.is_hypothesis_test(obj) or shards.in_suite(item.path)):
@@ -371,11 +429,11 @@ class SuiteRun:
     def _save_case(self, error: str, hypothesis_output: str = "", device_readable: bool = True,
                    record: casefiles.Recorder | None = None) -> Path | None:
         state = self.state
-        if not state.failures_budget.allows(state.failures_dir, state.run_id):
+        if not state.failures_budget.allows(state.failures_dir, state.plan.run_id):
             return None
         return casefiles.save_case(
             state.failures_dir, record or self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
-            profile=shards.profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
+            profile=shards.profile_name(), run_id=state.plan.run_id, hypothesis_output=hypothesis_output,
             device_readable=device_readable, solution=_solution_record(state.target),
         )
 
@@ -391,13 +449,13 @@ class SuiteRun:
         path = self._save_case(error, device_readable=False)
         if path is None:
             raise RuntimeError(self._budget_note())
-        if self.state.worker is None:  # without xdist this process reports its own crash
+        if self.state.plan.worker is None:  # without xdist this process reports its own crash
             self.crashes[nodeid] = str(path)
         return path
 
     def _isolation_line(self) -> str:
         option = self.config.option
-        line = isolation.mode_line(self.state.isolated, option.isolation, option.sanitize)
+        line = isolation.mode_line(self.state.plan.isolated, option.isolation, option.sanitize)
         if self.isolated is not None and (self.isolated.restarts or self.isolated.share):
             line += f" ({self.isolated.calls} calls, {self.isolated.restarts} child restarts" + (
                 f", drawn examples sanitized/plain {self.isolated.share.counts['sanitized']}/"
@@ -420,7 +478,7 @@ class SuiteRun:
                                                   "reports this property")
             self._report_crash(crashitem, "stopped")
             return
-        saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.run_id)
+        saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.plan.run_id)
                  if entry["nodeid"] == crashitem]
         for entry in saved:
             report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
@@ -434,7 +492,7 @@ class SuiteRun:
         if self.state.report_dir is None:
             return
         self.counter.begin(nodeid)
-        self.counter.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.contract,
+        self.counter.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.plan.contract,
                          case_file=saved["path"] if saved else None,
                          error=saved["error"] if saved else "the worker running it died")
 
@@ -452,19 +510,16 @@ class SuiteRun:
     def _failures(self) -> list:
         """The run's failures, each with its case file (``causes.Failure``), as the report's process sees them."""
         state = self.state
-        return causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.run_id), self.failed_nodeids,
-                                      isolated=state.isolated, knobs=tuple(state.target.knobs))
+        return causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.plan.run_id), self.failed_nodeids,
+                                      isolated=state.plan.isolated, knobs=tuple(state.target.knobs))
 
     def _find_causes(self, failures: list) -> dict:
         """``failures`` grouped into root causes by probing (``causes``), in the process that reports the run. No
         probes once the CUDA context is lost."""
         state = self.state
-        from gqa_decode_fuzz.properties import claims
-
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
-        prober = causes.Prober(self.guarded_impl(), state.device, state.contract, claims.claim_for,
-                               claims.decided_by_draws, budget=causes.Budget.for_failures(len(failures)),
-                               release=release)
+        prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract,
+                               budget=causes.Budget.for_failures(len(failures)), release=release)
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True
@@ -501,7 +556,7 @@ class SuiteRun:
             self.report_writer.join()
             return
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED and not session.shouldstop  # Ctrl-C: no replays
-        if self.mps_pipe and self.crashes and not self.state.worker and not interrupted:
+        if self.mps_pipe and self.crashes and not self.state.plan.worker and not interrupted:
             self._replay_crashes()
         self._write_report(probe=not interrupted)
 
@@ -515,7 +570,7 @@ class SuiteRun:
     def _write_report(self, probe: bool = True) -> None:
         if self.report_warm_up is not None:
             self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
-        if self.state.worker:
+        if self.state.plan.worker:
             return
         directory = self.state.report_dir
         writable = directory is not None and directory.is_dir()
@@ -533,12 +588,12 @@ class SuiteRun:
         if self.causes is not None:
             causes.save(directory, self.causes)
         isolation.save(directory, self._isolation_line())
-        self.report_path = run_report.write_report(directory, self.state.run_id)
+        self.report_path = run_report.write_report(directory, self.state.plan.run_id)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         state = self.state
         names = ", ".join(d.name for d in state.definitions)
-        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}, "
+        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.plan.contract}, impl {state.target.spec}, "
                                         f"definition {names}")
         terminalreporter.write_line(self._isolation_line())
         if self.unstarted:
@@ -551,7 +606,7 @@ class SuiteRun:
             terminalreporter.write_sep("=", f"gqa-decode: {found[0]} (root causes, grouped by probing)")
             for line in found[1:]:
                 terminalreporter.write_line(line)
-        saved = casefiles.runs_index(state.failures_dir, state.run_id)
+        saved = casefiles.runs_index(state.failures_dir, state.plan.run_id)
         if saved:
             terminalreporter.write_sep("=", "gqa-decode: failures saved as case files")
             for entry in saved:
