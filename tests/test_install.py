@@ -34,7 +34,8 @@ def _pytest_elsewhere(installed, tmp_path, *args):
 
 def test_installed_packages_live_under_one_name(installed):
     names = {path.name for path in installed.iterdir() if not path.name.endswith(".dist-info")}
-    assert names == {"gqa_decode_fuzz"}
+    assert names == {"gqa_decode_fuzz", "bin"}  # bin/: the console script
+    assert (installed / "bin" / "gqa-decode-fuzz").is_file()
     assert {p.name for p in (installed / "gqa_decode_fuzz").iterdir()} >= {"kernel", "reference", "properties"}
 
 
