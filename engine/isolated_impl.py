@@ -27,9 +27,7 @@ from typing import Any, NoReturn
 import torch
 import torch.multiprocessing
 
-from gqa_decode_fuzz.runner import gpus
-
-from . import isolation_child
+from . import devices, examples, isolation_child
 from .isolation import (
     BASE_TIMEOUT_S,
     CALL_TIMEOUT_ENV,
@@ -202,16 +200,16 @@ def _outside_mps(launch: Launch, directory: Path) -> dict[str, str]:
     """The environment that starts a CUDA child outside the run's MPS server, where the GPUs allow processes beside
     one: under MPS one process's fault reaches every process on its GPU, its parent's checker among them (seen on
     the H200). Time-sliced, the child's fault is its own, an ordinary failure of its call. Empty elsewhere."""
-    if launch.device == "cpu" or gpus.mps_control_pipe() is None or not _shared_compute_mode():
+    if launch.device == "cpu" or devices.mps_control_pipe() is None or not _shared_compute_mode():
         return {}
     outside = directory / "outside-mps"  # no control pipe in it: the driver gives the child a context of its own
     outside.mkdir()
-    return {gpus.MPS_PIPE_ENV: str(outside)}
+    return {devices.MPS_PIPE_ENV: str(outside)}
 
 
 @functools.lru_cache(maxsize=1)
 def _shared_compute_mode() -> bool:
-    return gpus.shared_compute_mode()
+    return devices.shared_compute_mode()
 
 
 # ---- starting a child without telling it it is under test ---------------------------------------
@@ -495,13 +493,11 @@ class SanitizerShare:
         """Whether the running example's calls go to the sanitized child."""
         from hypothesis import strategies as st
 
-        from gqa_decode_fuzz.runner import shards
-
-        example = shards.running_example()
+        example = examples.running_example()
         if example is None:  # an explicit example: with every 1 it too (on the H200 one ran plain and passed)
             return self.promoted or self.every == 1
         if example is not self._example:
-            drawn = shards.draw_in(example, st.integers(0, self.every - 1), label="sanitized")
+            drawn = examples.draw_in(example, st.integers(0, self.every - 1), label="sanitized")
             self._example, self._sanitized = example, self.promoted or drawn == self.every - 1
             self.counts["sanitized" if self._sanitized else "plain"] += 1
         return self._sanitized

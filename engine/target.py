@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gqa_decode_fuzz.runner import gpus
+from . import devices
 
 DEFAULT_IMPL = "gqa_decode_fuzz.kernel:run"
 
@@ -77,12 +77,12 @@ def _check_choice(choice: str) -> None:
 
 def device_type(choice: str) -> str:
     """The device type (``"cuda"`` or ``"cpu"``) that ``resolve_device(choice)`` gives, told without importing torch
-    where CUDA's driver can answer (``gpus.cuda_device_count``): what an xdist controller tells its workers before it
+    where CUDA's driver can answer (``devices.cuda_device_count``): what an xdist controller tells its workers before it
     imports torch. ``--device=cuda`` with no device raises ``resolve_device``'s error (asking torch first)."""
     _check_choice(choice)
     if choice == "cpu":
         return "cpu"
-    if gpus.cuda_device_count() > 0:
+    if devices.cuda_device_count() > 0:
         return "cuda"
     return resolve_device("cuda").type if choice == "cuda" else "cpu"
 

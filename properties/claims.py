@@ -29,7 +29,6 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.generation.cases import POOL_FILLS, DecodeCase, build, note_claim
-from gqa_decode_fuzz.generation.corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
 from gqa_decode_fuzz.generation.transforms import (
     copy_queries_within_groups,
     poison_page,
@@ -52,6 +51,7 @@ from .checks import (
     run_and_check,
     snapshot,
 )
+from .corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
 
 Claim = Callable[..., Any]  # (impl, case, device, contract, **draws)
 

@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.generation.cases import DecodeCase
-from gqa_decode_fuzz.generation.corruptions import CORRUPTIONS, LIMITS, corruptions
 from gqa_decode_fuzz.generation.strategies import decode_cases
 
 from . import claims
+from .corruptions import CORRUPTIONS, LIMITS, corruptions
 
 pytestmark = pytest.mark.input_validation
 

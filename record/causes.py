@@ -49,7 +49,7 @@ from typing import Any
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.engine.containment import CudaContextLost, is_sticky_cuda_error
-from gqa_decode_fuzz.runner.shards import property_name
+from gqa_decode_fuzz.engine.examples import property_name
 
 from .casefiles import (
     CaseFileError,

@@ -30,10 +30,10 @@ from typing import Any
 from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine.examples import example_targets, property_name
 from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, StageClock, summarise
 from gqa_decode_fuzz.record import causes, mps
 from gqa_decode_fuzz.record.casefiles import replay_command
-from gqa_decode_fuzz.runner.shards import example_targets, property_name
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "warm_up", "write_report"]
 

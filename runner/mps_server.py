@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .gpus import MPS_PIPE_ENV
+from gqa_decode_fuzz.engine.devices import MPS_PIPE_ENV
 
 CONTROL = "nvidia-cuda-mps-control"
 PREFIX = "gqa-decode-mps-"  # the temporary folder of each run's server
@@ -199,7 +199,7 @@ def start(gpu_ids: Sequence[str], *, can_leave: bool, control: str | None = None
           ) -> tuple[Server | None, str | None]:
     """Start a private MPS control daemon and prove it serves ``gpu_ids``: the server, or None and why not.
 
-    ``can_leave``: the GPUs also take processes outside it (``gpus.shared_compute_mode``); ``control`` is the
+    ``can_leave``: the GPUs also take processes outside it (``devices.shared_compute_mode``); ``control`` is the
     daemon's executable (default: ``nvidia-cuda-mps-control`` on ``PATH``); ``check`` the proof (default
     ``probe``), a stand-in in the suite's own tests.
     """

@@ -10,7 +10,7 @@ stage owned by one module:
   -> case file (``casefiles``) -> run report (``run_report``) -> replay (``record.repro``).
 
 An xdist controller whose workers share a GPU starts an MPS server of the run's own for them
-(``mps_server``, ``--mps``). Under MPS (``gpus.mps_control_pipe``) a crash is believed only once its
+(``mps_server``, ``--mps``). Under MPS (``devices.mps_control_pipe``) a crash is believed only once its
 case file, replayed alone at the end of the run, faults again (``mps``).
 
 Importing this module imports neither torch nor Triton nor the implementation, so that an xdist
@@ -45,7 +45,7 @@ import pytest
 from hypothesis import settings
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker
 
-from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine import devices, examples, isolation
 from gqa_decode_fuzz.engine.target import (
     DEFAULT_IMPL,
     DeviceError,
@@ -277,7 +277,7 @@ def _run_plan(config: pytest.Config) -> RunPlan:
             os.environ[DEADLINE_ENV] = repr(deadline)
         os.environ[CLAIMS_DIR_ENV] = str(claims_dir)
         if device == "cuda":
-            ids = gpus.visible_gpu_ids(gpus.cuda_device_count())
+            ids = gpus.visible_gpu_ids(devices.cuda_device_count())
             made += (gpus.export_gpus(ids, gpus.workers_per_gpu(option.workers_per_gpu, len(ids))),)
             if _starts_workers(config):
                 server, no_server = _own_mps_server(option.mps, ids, option.numprocesses or 0)
@@ -321,9 +321,9 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
     """An xdist controller on CUDA: start the run's own MPS server where ``mps_server`` says so, and name it to
     the workers it is about to start; the server, or None and why starting one failed (None where the run
     wants none)."""
-    if mps_server.why_not(mode, gpu_ids, workers, gpus.mps_control_pipe()) is not None:
+    if mps_server.why_not(mode, gpu_ids, workers, devices.mps_control_pipe()) is not None:
         return None, None
-    server, trouble = mps_server.start(gpu_ids, can_leave=gpus.shared_compute_mode())
+    server, trouble = mps_server.start(gpu_ids, can_leave=devices.shared_compute_mode())
     if server is not None:
         os.environ.update(server.environ())
     return server, trouble
@@ -430,7 +430,7 @@ def pytest_configure_node(node) -> None:
     """xdist controller: every worker runs on the device this run resolved (see ``_run_plan``), and is told
     whether it started inside an MPS server (its environment was just copied from this process's)."""
     node.workerinput[WORKER_DEVICE_KEY] = node.config.stash[PLAN].device
-    node.workerinput[mps.WORKER_UNDER_MPS] = gpus.mps_control_pipe() is not None
+    node.workerinput[mps.WORKER_UNDER_MPS] = devices.mps_control_pipe() is not None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -449,7 +449,7 @@ def pytest_testnodedown(node, error: object | None) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     plan = config.stash[PLAN]
     run = config.stash.get(RUN, None)
-    pipe = gpus.mps_control_pipe()
+    pipe = devices.mps_control_pipe()
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
             f"gqa-decode: definition={_definition_names(config, run)}",
@@ -546,7 +546,7 @@ def hypothesis_shard(request: pytest.FixtureRequest):
         yield shard
         return
     with shards.sharded(
-        request.function, shards.property_name(request.node.nodeid), shard=shard,
+        request.function, examples.property_name(request.node.nodeid), shard=shard,
         profile_max_examples=settings.default.max_examples, max_examples=request.config.option.max_examples,
         forced_seed=request.config.getoption("hypothesis_seed", None),
     ):
