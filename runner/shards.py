@@ -37,7 +37,7 @@ __all__ = [
     "resolved_shard_count", "share_database_key", "shard_settings", "sharded", "wrapping_examples",
 ]
 
-PROPERTY_SUITE = Path(__file__).resolve().parent.parent  # properties/: the tests that are split into shards
+PROPERTY_SUITE = Path(__file__).resolve().parent.parent / "properties"  # the tests that are split into shards
 
 
 def resolved_shard_count(option: int | str) -> int:
