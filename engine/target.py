@@ -66,7 +66,9 @@ def resolve_device(choice: str):
         raise DeviceError("--device=cuda but torch sees no CUDA device; try --device=cpu")
     if choice == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-        importlib.import_module("gqa_decode_fuzz.kernel._interpreter_compat").install()
+        from gqa_decode_fuzz.kernel import interpreter_compat  # numpy and Triton: not in an xdist controller
+
+        interpreter_compat.install()
     return torch.device(choice)
 
 
