@@ -28,6 +28,7 @@ import torch
 import torch.multiprocessing
 
 from . import devices, examples, isolation_child
+from .containment import is_sticky_cuda_error
 from .isolation import (
     BASE_TIMEOUT_S,
     CALL_TIMEOUT_ENV,
@@ -466,8 +467,6 @@ def _is_sanitizer_error(line: str) -> bool:
 
 
 def _is_sticky(description: dict) -> bool:
-    from .containment import is_sticky_cuda_error
-
     if "RuntimeError" not in description.get("mro", ()):
         return False
     return is_sticky_cuda_error(RuntimeError(str(description.get("message", ""))))

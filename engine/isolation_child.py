@@ -108,7 +108,7 @@ def main(connection, launch: dict[str, Any]) -> None:
     import torch  # before the target: its reductions decode the tensors the parent sends
     import torch.multiprocessing  # noqa: F401
 
-    from .target import load_callable, resolve_device
+    from .target import load_callable, resolve_device  # after the redirect: its output goes to the log
 
     try:
         device = resolve_device(launch["device"])

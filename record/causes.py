@@ -50,6 +50,8 @@ from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.engine.containment import CudaContextLost, is_sticky_cuda_error
 from gqa_decode_fuzz.engine.examples import property_name
+from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory, unobserved, using_definition
+from gqa_decode_fuzz.reference import definitions
 
 from .casefiles import (
     CaseFileError,
@@ -149,8 +151,6 @@ class Prober:
         """Whether ``prop``'s claim fails on ``case`` with ``draws``, the implementation called with ``knobs``
         (else its defaults); None when the probe could not decide (budget spent, the claim does not apply to the
         case, the suite out of memory, the context lost)."""
-        from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory, unobserved, using_definition
-
         if self.stopped or not self.budget.left():
             self.stopped = self.stopped or (f"budget spent ({self.budget.used} probes, "
                                             f"{self.budget.spent:.1f} s)")
@@ -539,8 +539,6 @@ def _in_its_definition(value: Any, payload: dict) -> Any:
     """A case as its probes build it, naming its definition unless it is the seed's (a case naming none is built for
     the seed's, the default a probe moves toward). An explicit example's case names none even where it ran under
     another definition: the one its case file was found under is written in."""
-    from gqa_decode_fuzz.generation.cases import definitions
-
     if not dataclasses.is_dataclass(value) or not hasattr(value, "definition"):
         return value
     name = value.definition if value.definition is not None else definition_of(payload).name

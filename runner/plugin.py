@@ -57,6 +57,7 @@ from gqa_decode_fuzz.engine.target import (
     resolve_device,
 )
 from gqa_decode_fuzz.record import mps
+from gqa_decode_fuzz.reference import definitions
 
 from . import mps_server, profiles, shards
 
@@ -310,7 +311,7 @@ def _isolated(option: argparse.Namespace) -> bool:
 def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, definition: Any) -> Target:
     """The implementation: imported here, or (isolated) in a child process that reports its declarations.
     ``definition``: the one ``--definition`` names, if any (a Solution file for another is refused)."""
-    from gqa_decode_fuzz.engine.isolated_impl import load_target_for
+    from gqa_decode_fuzz.engine.isolated_impl import load_target_for  # torch: after the workers start
 
     option = config.option
     return load_target_for(plan.spec, config.rootpath, device.type, definition, isolated=plan.isolated,
@@ -331,8 +332,8 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
 
 def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     """The plan with torch's device and the loaded implementation; a usage error where either fails."""
-    from gqa_decode_fuzz.record.casefiles import ArtifactBudget
-    from gqa_decode_fuzz.reference import definitions
+    from gqa_decode_fuzz.record.casefiles import ArtifactBudget  # torch: after the workers start
+
     option = config.option
     try:
         # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
@@ -379,7 +380,7 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
     """``--workloads``' lines as cases of the run's one definition; a usage error naming what cannot be built."""
     if not spec:
         return ()
-    from gqa_decode_fuzz.generation import workloads
+    from gqa_decode_fuzz.generation import workloads  # torch: after the workers start
 
     if len(chosen) != 1:
         raise pytest.UsageError(f"--workloads={spec!r}: a workload file belongs to one definition; --definition "
@@ -394,7 +395,7 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
 def _start(config: pytest.Config) -> SuiteRun:
     """Load the implementation (and with it torch) and register the run's ``SuiteRun``."""
     global _active
-    from .suite_run import SuiteRun
+    from .suite_run import SuiteRun  # torch: after the workers start
 
     state = _run_state(config, config.stash[PLAN])
     if state.controller and state.isolated:  # it runs no test: its child only told the declarations
@@ -527,7 +528,7 @@ def impl(pytestconfig: pytest.Config) -> Callable:
 def suite_definition(request: pytest.FixtureRequest):
     """The definition this test item runs under (a parameter where the run names several): cases are drawn and
     built for it, and the implementation is bound to it, while the item runs."""
-    from gqa_decode_fuzz.generation import cases
+    from gqa_decode_fuzz.generation import cases  # torch: after the workers start
 
     run = request.config.stash.get(RUN, None)
     definition = getattr(request, "param", None) or (run.definitions[0] if run is not None else None)
@@ -569,7 +570,7 @@ def large_allocation():
 
     import torch
 
-    from .suite_run import release_frames
+    from .suite_run import release_frames  # torch: after the workers start
 
     @contextlib.contextmanager
     def turn():
