@@ -76,11 +76,9 @@ _CU_CTX_SCHED_BLOCKING_SYNC = 0x04
 def sleep_while_waiting() -> bool:
     """Blocking synchronisation on every visible device's primary context: a process waiting for its GPU sleeps.
 
-    By default CUDA spins a core while a process waits for the device (a process with fewer contexts than the
-    machine has cores). Workers sharing a GPU spend most of an example waiting for a turn on it, so they would
-    spin as many cores as there are workers while the others' Hypothesis generation (Python) needs them: on an
-    H200 host with 16 cores and 8 workers generation took 5.0 ms per example spinning and 2.4 ms asleep
-    (docs/gpu.md section 19). Must run before torch creates the context. True if every device took the flag.
+    By default CUDA spins a core while a process waits for the device. Workers sharing a GPU spend most of an
+    example waiting for a turn on it, and spinning they would take the cores the others' Hypothesis generation
+    needs (docs/gpu.md section 19). Must run before torch creates the context. True if every device took the flag.
     """
     found = _driver()
     if found is None or not found[1]:

@@ -1,10 +1,10 @@
 """Crashes under MPS: each one is replayed alone at the end of the run before it is believed.
 
 Under an MPS server (``devices.mps_control_pipe``) the processes sharing a GPU share its
-faults: measured on an H200, a pytest running the correct kernel beside one running a
-faulting kernel got the same "illegal memory access" and crashed too, and nothing in the
-error tells a process whether its own call faulted. With 8 workers per GPU, one fault can
-crash 8 properties, each with a case file that does not replay.
+faults: a process running a correct kernel beside one running a faulting kernel gets the
+same "illegal memory access" and crashes too (docs/gpu.md), and nothing in the error tells
+a process whether its own call faulted. With N workers per GPU, one fault can crash N
+properties, each with a case file that does not replay.
 
 So under MPS the controller, once every worker is gone, replays the case file of each
 crash that owns its property (``python -m gqa_decode_fuzz.record.repro FILE``) in a fresh process,

@@ -144,7 +144,7 @@ class ItemCounter:
         each that fails and the targets it reported.
 
         Counted here rather than through Hypothesis's observability callbacks: those describe every
-        test case in full and cost about 10 ms an example, more than the rest of the suite's work.
+        test case in full and cost more than the rest of the suite's work (docs/gpu.md section 14).
         An example rejected by ``assume`` is not counted.
         """
 

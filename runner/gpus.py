@@ -1,7 +1,7 @@
 """xdist workers on GPUs: which GPU each worker claims, and what ``-n auto`` means.
 
 On a GPU host ``-n auto`` starts ``--workers-per-gpu`` workers per visible GPU (``auto``:
-two cores per worker, at most the measured knee of 8 per H200). The controller counts the
+two cores per worker, at most ``MEASURED_KNEE``). The controller counts the
 GPUs and exports their ids; each worker, when the plugin is imported and before anything
 touches CUDA, claims a free slot (a lock file held for the life of the process, so a
 worker that replaces a crashed one takes over the dead worker's GPU) and pins itself there
@@ -129,12 +129,7 @@ def pin_this_worker() -> Pin | None:
     return pin
 
 
-# Workers per H200 beyond which examples/s stopped growing: benchmarks/throughput.py scaling on one H200 of a
-# 32-core host gave 144.7 examples/s with 4 workers, 221.3 with 8 and 219.8 with 16 (2026-11-30); on a 16-core
-# host, the whole suite at 1500 examples per property, 248.6, 263.4 and 264.1 time-sliced, and 646.6 (8) against
-# 583.9 (16) under an MPS daemon (2026-12-01, docs/gpu.md section 17); with two read-backs per example left,
-# 260.4, 268.3 and 264.5 for 8, 12 and 16 on one H200 of a 32-core host (800 per property, docs/gpu.md section 18);
-# with one wait per example, 287.4 and 302.0 for 8 and 12 on a 16-core host (section 19; 5%, within the noise).
+# Workers per GPU beyond which examples/s stopped growing, time-sliced and under MPS (docs/gpu.md sections 17-19).
 MEASURED_KNEE = 8
 
 

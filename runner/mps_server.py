@@ -1,8 +1,7 @@
 """The run's own MPS server: workers that share a GPU run their kernels side by side, not in turns.
 
-Time-sliced, the eight workers on an H200 take turns on it and each read-back waits 4 to 5 ms for a
-turn; under an MPS server their kernels run side by side (1 to 2 ms): the plain command's tests ran at
-496 examples/s against 329, and long runs at 2.5x (docs/gpu.md sections 17 and 19). So an xdist
+Time-sliced, the workers sharing a GPU take turns on it and each read-back waits for a turn; under an MPS server
+their kernels run side by side, and the suite runs faster (docs/gpu.md sections 17 and 19). So an xdist
 controller whose workers share a GPU starts an MPS control daemon of its own (``--mps=auto``, the
 default) before it starts them:
 
