@@ -21,10 +21,11 @@ from typing import NamedTuple
 
 import torch
 
+from gqa_decode_fuzz import reference
 from gqa_decode_fuzz.reference import definitions
 from gqa_decode_fuzz.reference.transfer import to_device
 
-from .stages import stage
+from .stages import stage, timed
 
 Definition = definitions.Definition
 
@@ -755,3 +756,12 @@ def host_values(tensor: torch.Tensor | None) -> list[int] | None:
         return None
     ref, version, values = _host_values.get(id(tensor), (None, None, None))
     return values if ref is not None and ref() is tensor and tensor._version == version else None
+
+
+_attend = timed("oracle", reference.attend)
+
+
+def oracle_of(inputs: DecodeInputs) -> reference.Reference:
+    """The float64 answer and bound for a built call, from the index values the builder kept on the host."""
+    return _attend(*inputs, indptr_on_host=host_values(inputs.kv_indptr),
+                   last_page_len_on_host=host_values(inputs.kv_last_page_len))

@@ -146,7 +146,7 @@ def decode_cases(
         return st.lists(one_length, **size)
 
     # Every part is built once, here (the lengths once per page size): a strategy built inside the draw is
-    # validated anew for every example, which cost more than all the drawing (4.4 ms an example on a CPU core).
+    # validated anew for every example, which cost more than all the drawing (docs/gpu.md section 14).
     fields = _CaseFields(
         lengths=lengths_for,
         min_empty=min_empty,

@@ -13,7 +13,7 @@ from hypothesis import note, settings, target
 from hypothesis import strategies as st
 
 from gqa_decode_fuzz import reference
-from gqa_decode_fuzz.generation.cases import DecodeCase, DecodeInputs, host_values
+from gqa_decode_fuzz.generation.cases import DecodeCase, DecodeInputs, oracle_of
 from gqa_decode_fuzz.generation.stages import timed
 from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases, run_sized
 from gqa_decode_fuzz.reference import compare as _compare
@@ -48,12 +48,6 @@ def run_and_check(impl: Callable, inputs: DecodeInputs, context: str) -> Checked
     reference = oracle_of(inputs)
     worst = assert_within_bound(output, lse, reference, context=context)
     return Checked(output, lse, reference, worst)
-
-
-def oracle_of(inputs: DecodeInputs) -> Reference:
-    """The float64 answer and bound for a built call, from the index values the builder kept on the host."""
-    return attend(*inputs, indptr_on_host=host_values(inputs.kv_indptr),
-                  last_page_len_on_host=host_values(inputs.kv_last_page_len))
 
 
 def steer_toward_the_bound(worst_ratio: float) -> None:

@@ -33,7 +33,6 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.generation.cases import POOL_FILLS, DecodeCase, build, note_claim
-from gqa_decode_fuzz.generation.corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
 from gqa_decode_fuzz.generation.transforms import (
     copy_queries_within_groups,
     poison_page,
@@ -56,6 +55,7 @@ from .checks import (
     run_and_check,
     snapshot,
 )
+from .corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
 
 __all__ = ["Claim", "assert_empty_sequences_exact", "property_claim", "within_bound"]
 

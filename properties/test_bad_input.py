@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.generation.cases import DecodeCase
-from gqa_decode_fuzz.generation.corruptions import CORRUPTIONS, LIMITS, corruptions
 from gqa_decode_fuzz.generation.strategies import decode_cases
 from gqa_decode_fuzz.properties import claims
 from gqa_decode_fuzz.properties.claims import property_claim
+from gqa_decode_fuzz.properties.corruptions import CORRUPTIONS, LIMITS, corruptions
 
 pytestmark = pytest.mark.input_validation
 

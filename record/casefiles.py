@@ -33,6 +33,9 @@ from typing import Any
 
 import torch
 
+from gqa_decode_fuzz.generation.cases import DecodeCase, active_definition, build
+from gqa_decode_fuzz.reference import definitions
+
 REPLAY_MODULE = "gqa_decode_fuzz.record.repro"
 FORMAT = "gqa-decode-case/2"
 INDEX_NAME = "index.jsonl"
@@ -198,8 +201,6 @@ def _restored(value: Any, device: torch.device, built: Any) -> Any:
 def restore_call(call: dict, device: torch.device | str, case: Any = None) -> tuple[tuple, dict]:
     """A recorded call's arguments on ``device``, with their original strides; built arguments are rebuilt
     from ``case`` (a ``DecodeCase``)."""
-    from gqa_decode_fuzz.generation.cases import build
-
     device = torch.device(device)
     needs_build = any(isinstance(v, dict) and "built" in v for v in [*call["args"], *call["kwargs"].values()])
     if needs_build and case is None:
@@ -235,8 +236,6 @@ def claim_from_fields(fields: dict | None) -> tuple[Any, dict] | None:
 
 def case_from_fields(fields: dict | None) -> Any:
     """The ``DecodeCase`` a case file describes (None when the example was built otherwise)."""
-    from gqa_decode_fuzz.generation.cases import DecodeCase
-
     if not fields:
         return None
     return DecodeCase(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
@@ -337,16 +336,12 @@ def save_case(
 
 def _definition_of(case: Any):
     """The definition a recorded example ran under: its case's, else the active one."""
-    from gqa_decode_fuzz.generation.cases import active_definition
-
     return case.shape if hasattr(case, "shape") else active_definition()
 
 
 def definition_of(payload: dict):
     """The definition a case file was found under (registered in this process, so its case rebuilds); files from
     before definitions were recorded ran under the seed's."""
-    from gqa_decode_fuzz.generation.cases import definitions
-
     data = payload.get("definition")
     if data is None:
         return definitions.SEED

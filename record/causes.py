@@ -50,7 +50,9 @@ from typing import Any
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.engine.containment import CudaContextLost, is_sticky_cuda_error
-from gqa_decode_fuzz.runner.shards import property_name
+from gqa_decode_fuzz.engine.examples import property_name
+from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory, build, oracle_of, unobserved, using_definition
+from gqa_decode_fuzz.reference import definitions
 
 from .casefiles import (
     CaseFileError,
@@ -165,8 +167,6 @@ class Prober:
         """Whether ``failure``'s claim fails on ``case`` with its draws, the implementation called with its knobs
         (else their defaults); None when the probe could not decide (budget spent, the claim does not apply to the
         case or does not import, the suite out of memory, the context lost)."""
-        from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory, unobserved, using_definition
-
         if self.stopped or not self.budget.left():
             self.stopped = self.stopped or (f"budget spent ({self.budget.used} probes, "
                                             f"{self.budget.spent:.1f} s)")
@@ -396,9 +396,6 @@ def _far_below_zero(case: Any) -> bool:
 
 @functools.lru_cache(maxsize=512)
 def _far_below_in(case: Any, definition: str) -> bool:  # ``definition``: the key a case of None's resolves to
-    from gqa_decode_fuzz.generation.cases import build, unobserved, using_definition
-    from gqa_decode_fuzz.properties.checks import oracle_of
-
     with using_definition(case.shape), unobserved():
         reference = oracle_of(build(case, "cpu", observe=False))
     return bool((reference.lse < FAR_BELOW_LSE2).any())
@@ -573,8 +570,6 @@ def _in_its_definition(value: Any, payload: dict) -> Any:
     """A case as its probes build it, naming its definition unless it is the seed's (a case naming none is built for
     the seed's, the default a probe moves toward). An explicit example's case names none even where it ran under
     another definition: the one its case file was found under is written in."""
-    from gqa_decode_fuzz.generation.cases import definitions
-
     if not dataclasses.is_dataclass(value) or not hasattr(value, "definition"):
         return value
     name = value.definition if value.definition is not None else definition_of(payload).name

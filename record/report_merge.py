@@ -30,10 +30,10 @@ import torch
 
 from gqa_decode_fuzz.engine import isolation, knobs
 from gqa_decode_fuzz.engine.containment import Guard
+from gqa_decode_fuzz.engine.examples import property_name
+from gqa_decode_fuzz.engine.guarded import guarded_impl
 from gqa_decode_fuzz.engine.isolated_impl import load_target_for
 from gqa_decode_fuzz.engine.target import DEFAULT_IMPL, resolve_device
-from gqa_decode_fuzz.runner.shards import property_name
-from gqa_decode_fuzz.runner.suite_run import guarded_impl
 
 from . import causes, run_report
 from .casefiles import replay_command

@@ -30,10 +30,10 @@ from typing import Any
 from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine.examples import example_targets, property_name
 from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, StageClock, summarise
 from gqa_decode_fuzz.record import causes, mps
 from gqa_decode_fuzz.record.casefiles import replay_command
-from gqa_decode_fuzz.runner.shards import example_targets, property_name
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "warm_up", "write_report"]
 
@@ -144,7 +144,7 @@ class ItemCounter:
         each that fails and the targets it reported.
 
         Counted here rather than through Hypothesis's observability callbacks: those describe every
-        test case in full and cost about 10 ms an example, more than the rest of the suite's work.
+        test case in full and cost more than the rest of the suite's work (docs/gpu.md section 14).
         An example rejected by ``assume`` is not counted.
         """
 

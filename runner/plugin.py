@@ -10,7 +10,7 @@ stage owned by one module:
   -> case file (``casefiles``) -> run report (``run_report``) -> replay (``record.repro``).
 
 An xdist controller whose workers share a GPU starts an MPS server of the run's own for them
-(``mps_server``, ``--mps``). Under MPS (``gpus.mps_control_pipe``) a crash is believed only once its
+(``mps_server``, ``--mps``). Under MPS (``devices.mps_control_pipe``) a crash is believed only once its
 case file, replayed alone at the end of the run, faults again (``mps``).
 
 Importing this module imports neither torch nor Triton nor the implementation, so that an xdist
@@ -45,7 +45,7 @@ import pytest
 from hypothesis import settings
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker
 
-from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine import devices, examples, isolation
 from gqa_decode_fuzz.engine.target import (
     DEFAULT_IMPL,
     DeviceError,
@@ -57,6 +57,7 @@ from gqa_decode_fuzz.engine.target import (
     resolve_device,
 )
 from gqa_decode_fuzz.record import mps
+from gqa_decode_fuzz.reference import definitions
 
 from . import mps_server, profiles, shards
 
@@ -263,7 +264,7 @@ def _run_plan(config: pytest.Config) -> RunPlan:
             os.environ[DEADLINE_ENV] = repr(deadline)
         os.environ[CLAIMS_DIR_ENV] = str(claims_dir)
         if device == "cuda":
-            ids = gpus.visible_gpu_ids(gpus.cuda_device_count())
+            ids = gpus.visible_gpu_ids(devices.cuda_device_count())
             made += (gpus.export_gpus(ids, gpus.workers_per_gpu(option.workers_per_gpu, len(ids))),)
             if _starts_workers(config):
                 server, no_server = _own_mps_server(option.mps, ids, option.numprocesses or 0)
@@ -296,7 +297,7 @@ def _isolated(option: argparse.Namespace) -> bool:
 def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, definition: Any) -> Target:
     """The implementation: imported here, or (isolated) in a child process that reports its declarations.
     ``definition``: the one ``--definition`` names, if any (a Solution file for another is refused)."""
-    from gqa_decode_fuzz.engine.isolated_impl import load_target_for
+    from gqa_decode_fuzz.engine.isolated_impl import load_target_for  # torch: after the workers start
 
     option = config.option
     return load_target_for(plan.spec, config.rootpath, device.type, definition, isolated=plan.isolated,
@@ -307,9 +308,9 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
     """An xdist controller on CUDA: start the run's own MPS server where ``mps_server`` says so, and name it to
     the workers it is about to start; the server, or None and why starting one failed (None where the run
     wants none)."""
-    if mps_server.why_not(mode, gpu_ids, workers, gpus.mps_control_pipe()) is not None:
+    if mps_server.why_not(mode, gpu_ids, workers, devices.mps_control_pipe()) is not None:
         return None, None
-    server, trouble = mps_server.start(gpu_ids, can_leave=gpus.shared_compute_mode())
+    server, trouble = mps_server.start(gpu_ids, can_leave=devices.shared_compute_mode())
     if server is not None:
         os.environ.update(server.environ())
     return server, trouble
@@ -317,8 +318,8 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
 
 def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     """The plan with torch's device and the loaded implementation; a usage error where either fails."""
-    from gqa_decode_fuzz.record.casefiles import ArtifactBudget
-    from gqa_decode_fuzz.reference import definitions
+    from gqa_decode_fuzz.record.casefiles import ArtifactBudget  # torch: after the workers start
+
     option = config.option
     try:
         # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
@@ -363,7 +364,7 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
     """``--workloads``' lines as cases of the run's one definition; a usage error naming what cannot be built."""
     if not spec:
         return ()
-    from gqa_decode_fuzz.generation import workloads
+    from gqa_decode_fuzz.generation import workloads  # torch: after the workers start
 
     if len(chosen) != 1:
         raise pytest.UsageError(f"--workloads={spec!r}: a workload file belongs to one definition; --definition "
@@ -377,7 +378,7 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
 
 def _start(config: pytest.Config) -> SuiteRun:
     """Load the implementation (and with it torch) and register the run's ``SuiteRun``."""
-    from .suite_run import SuiteRun
+    from .suite_run import SuiteRun  # torch: after the workers start
 
     state = _run_state(config, config.stash[PLAN])
     if state.plan.controller and state.plan.isolated:  # it runs no test: its child only told the declarations
@@ -416,7 +417,7 @@ def pytest_configure_node(node) -> None:
     """xdist controller: every worker runs on the device this run resolved (see ``_run_plan``), and is told
     whether it started inside an MPS server (its environment was just copied from this process's)."""
     node.workerinput[WORKER_DEVICE_KEY] = node.config.stash[PLAN].device
-    node.workerinput[mps.WORKER_UNDER_MPS] = gpus.mps_control_pipe() is not None
+    node.workerinput[mps.WORKER_UNDER_MPS] = devices.mps_control_pipe() is not None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -435,7 +436,7 @@ def pytest_testnodedown(node, error: object | None) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     plan = config.stash[PLAN]
     run = config.stash.get(RUN, None)
-    pipe = gpus.mps_control_pipe()
+    pipe = devices.mps_control_pipe()
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
             f"gqa-decode: definition={_definition_names(config, run)}",
@@ -511,7 +512,7 @@ def impl(pytestconfig: pytest.Config) -> Callable:
 def suite_definition(request: pytest.FixtureRequest):
     """The definition this test item runs under (a parameter where the run names several): cases are drawn and
     built for it, and the implementation is bound to it, while the item runs."""
-    from gqa_decode_fuzz.generation import cases
+    from gqa_decode_fuzz.generation import cases  # torch: after the workers start
 
     run = request.config.stash.get(RUN, None)
     definition = getattr(request, "param", None) or (run.definitions[0] if run is not None else None)
@@ -544,7 +545,7 @@ def hypothesis_shard(request: pytest.FixtureRequest):
         yield shard
         return
     with shards.sharded(
-        request.function, shards.property_name(request.node.nodeid), shard=shard,
+        request.function, examples.property_name(request.node.nodeid), shard=shard,
         profile_max_examples=settings.default.max_examples, max_examples=request.config.option.max_examples,
         forced_seed=request.config.getoption("hypothesis_seed", None),
     ):
@@ -567,7 +568,7 @@ def large_allocation():
 
     import torch
 
-    from .suite_run import release_frames
+    from .suite_run import release_frames  # torch: after the workers start
 
     @contextlib.contextmanager
     def turn():

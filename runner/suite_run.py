@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import math
 import os
 import threading
 import time
@@ -25,8 +24,9 @@ import torch
 from hypothesis import example
 from hypothesis.errors import HypothesisException
 
-from gqa_decode_fuzz.engine import isolation, knobs
+from gqa_decode_fuzz.engine import devices, examples, isolation, knobs
 from gqa_decode_fuzz.engine.containment import CudaContextLost, Guard, is_sticky_cuda_error
+from gqa_decode_fuzz.engine.guarded import guarded_impl
 from gqa_decode_fuzz.engine.target import WAIVERS, Target
 from gqa_decode_fuzz.generation import cases, stages
 from gqa_decode_fuzz.record import casefiles, causes, mps, run_report
@@ -39,8 +39,7 @@ if TYPE_CHECKING:
 INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
 CLAIM_MARKER = "claim"  # ``property_claim``'s marker: its one argument is the test's claim, as a reference
 
-__all__ = ["CLAIM_MARKER", "INFRASTRUCTURE", "SuiteRun", "UndeclaredClaim", "declared_claim", "guarded_impl",
-           "release_frames"]
+__all__ = ["CLAIM_MARKER", "INFRASTRUCTURE", "SuiteRun", "UndeclaredClaim", "declared_claim", "release_frames"]
 
 
 def release_frames(error: BaseException | None) -> None:
@@ -124,43 +123,6 @@ def _outcome(report: pytest.TestReport) -> str:
     return report.outcome
 
 
-def _as_declared(target: Target, function: Callable) -> Callable:
-    """``function`` whose LSE is None exactly when the target declares ``returns_lse = False``, and whose
-    empty sequences' rows read as the contract's (0, -inf) when it waives ``empty_sequences``."""
-
-    @functools.wraps(function)
-    def call(*args, **kwargs):
-        output, lse = function(*args, **kwargs)
-        if target.returns_lse and lse is None:
-            raise AssertionError(f"{target.spec} returned lse=None; an implementation without a final LSE "
-                                 "declares returns_lse = False")
-        lse = lse if target.returns_lse else None
-        if "empty_sequences" in target.waives and isinstance(output, torch.Tensor):
-            indptr = kwargs["kv_indptr"] if "kv_indptr" in kwargs else args[3]
-            empty = (indptr[1:] == indptr[:-1]).to(output.device)
-            output = torch.where(empty[:, None, None], 0.0, output).to(output.dtype)
-            lse = None if lse is None else torch.where(empty[:, None], -math.inf, lse)
-        return output, lse
-
-    return call
-
-
-def guarded_impl(target: Target, guard: Guard, on_call: Callable[[tuple, dict], None], knob_draws: knobs.KnobDraws,
-                 *, isolated: bool) -> Callable:
-    """``target`` bound to the active definition, as declared, each call reported to ``on_call`` and its faults
-    contained by ``guard``, its knobs drawn, its time counted as the kernel stage: what a run's tests and its
-    root-cause probes call, and what ``report_merge`` probes a merged report's failures with."""
-
-    @functools.wraps(target.function)
-    def in_active_definition(*args, **kwargs):
-        return target.serving(cases.active_definition())(*args, **kwargs)
-
-    # The knobs outside the recorder: each recorded call holds the values it ran with, so a case file replays
-    # them and the root-cause probes take them.
-    guarded = guard.wrap(_as_declared(target, in_active_definition), on_call, settles=not isolated)
-    return stages.timed("kernel", knob_draws.applied_to(guarded))
-
-
 def _solution_record(target: Target) -> dict | None:
     """What a case file keeps of a Solution file under test: enough to rebuild it and to tell it changed."""
     solution = target.solution
@@ -205,7 +167,7 @@ class SuiteRun:
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
         self.report_warm_up: threading.Thread | None = None
         self.report_writer: _InThread | None = None
-        self.mps_pipe = gpus.mps_control_pipe()
+        self.mps_pipe = devices.mps_control_pipe()
         self.crashes: dict[str, str | None] = {}  # crashes under MPS this process reports: node id -> case file
         self.replays: list[mps.Replay] = []
         self.failed_nodeids: list[str] = []  # every failing item this process heard of (its own, or its workers')
@@ -304,7 +266,7 @@ class SuiteRun:
             return
         if not shards.generates_examples(function):
             return
-        metafunc.parametrize("hypothesis_shard", [shards.Shard(i, self.shard_count) for i in range(self.shard_count)],
+        metafunc.parametrize("hypothesis_shard", [examples.Shard(i, self.shard_count) for i in range(self.shard_count)],
                              indirect=True, ids=str)
 
     @pytest.hookimpl(hookwrapper=True, trylast=True)
@@ -336,7 +298,7 @@ class SuiteRun:
                 failed = not isinstance(error, HypothesisException)  # not assume() and its kin
                 if failed:
                     self.seen_failure = _SeenFailure(copy.copy(self.recorder), f"{type(error).__name__}: {error}")
-                if not shards.final_example():
+                if not examples.final_example():
                     release_frames(error)
                 elif failed:  # Hypothesis reports this one (several, for failing @examples)
                     self.reported_records[id(error)] = self.seen_failure.record
@@ -443,7 +405,7 @@ class SuiteRun:
         nodeid = self.recorder.nodeid or ""
         if self.probing:  # a probe of the run's causes: its case file is the failure's own, saved already
             return None
-        prop = shards.property_name(nodeid)
+        prop = examples.property_name(nodeid)
         if not self.claims.claim(prop, nodeid) and self.claims.owner(prop) != nodeid:
             return None
         path = self._save_case(error, device_readable=False)
@@ -471,7 +433,7 @@ class SuiteRun:
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
         """A worker died running ``crashitem``: add the case file it saved, if any, to the crash report."""
-        owner = self.claims.owner(shards.property_name(crashitem))
+        owner = self.claims.owner(examples.property_name(crashitem))
         if owner is not None and owner != crashitem:  # a sibling shard crashed first: it reports the property
             report.outcome = "skipped"
             report.longrepr = (str(crashitem), 0, f"Skipped: stopped: crashed too, but {owner} crashed first and "

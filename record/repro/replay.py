@@ -132,6 +132,8 @@ def _replay_calls(calls: list[dict], options, impl, device, payload: dict, case)
 def main(argv: list[str] | None = None) -> int:
     """Replay a case file; see the module docstring for the exit status."""
     options = _parser().parse_args(argv)
+    # The suite is imported once the arguments are read (--help and a bad argument answer without torch), and the
+    # device is resolved before any Triton kernel is imported.
     from gqa_decode_fuzz.engine.isolated_impl import load_target_for
     from gqa_decode_fuzz.engine.isolation import isolated
     from gqa_decode_fuzz.engine.target import DEFAULT_IMPL, DeviceError, ImplSpecError, resolve_device
