@@ -1,4 +1,4 @@
-"""Build the few files of SGLang that its decode kernel needs, for a machine without network (the H200).
+"""Build the few files of SGLang that its decode kernel needs, for a machine without network (a GPU host).
 
 Usage (from the repository root, where pip can reach the package index)::
 

@@ -120,8 +120,8 @@ def _padded(tokens: Tokens, padded_length: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def _cudnn(call: Call, tokens: Tokens) -> tuple[torch.Tensor, torch.Tensor]:
-    # At least one aligned block of keys: with none (every sequence empty) cuDNN returned no LSE at all, and the
-    # adapter's TypeError failed the H200 run; masked keys give the backend's own answer for an empty row.
+    # At least one aligned block of keys: with none (every sequence empty) cuDNN returns no LSE at all; masked keys
+    # give the backend's own answer for an empty row.
     blocks = max(1, -(-max(tokens.lengths) // _CUDNN_KEY_ALIGN))
     return _cudnn_padded(call, *_padded(tokens, blocks * _CUDNN_KEY_ALIGN))
 

@@ -25,6 +25,8 @@
 #                                            # adapters/sglang_package.py) and cuDNN's root causes
 #   bash benchmarks/gpu_session.sh sanitizer # compute-sanitizer on one call without the suite, one sanitized call
 #                                            # told whole, tests/test_isolation.py's hang test
+#   bash benchmarks/gpu_session.sh round     # this round's figures: the plain command cold and warm, stages over 2,000
+#                                            # examples, an isolated torch --impl, `check` on a defect and a correct one
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -44,6 +46,8 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PYTEST=(python3 -m pytest -p no:cacheprovider)
+
+. "$(dirname "$0")/namespace.sh"  # gqa_decode_fuzz importable without installing the checkout
 
 step() {  # step NAME SECONDS COMMAND...: run, keep the last lines, record the exit status and wall time
   local name=$1 limit=$2
@@ -84,6 +88,25 @@ suite)
     --impl=adapters/sglang_decode.py:run_as_served
   step sglang_whole_contract 120 "${PYTEST[@]}" properties/test_decode.py properties/test_edge_shapes.py \
     -n auto --workers-per-gpu=4 --hypothesis-profile=gpu --impl=adapters/sglang_decode.py:run
+  ;;
+round)
+  # This round's figures: the plain command cold and warm, the stage table over thousands of examples, an isolated
+  # fast --impl, and `gqa-decode-fuzz check` on a correct and a single-defect kernel (seconds to the verdict).
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  step plain_auto 200 python3 benchmarks/throughput.py scaling --gpus 1 --repeat 2 --no-warmup --out "$OUT/runs"
+  latest=$(ls -t "$OUT"/runs/scaling/gpus1-*/*/report.md 2>/dev/null | head -n 1)
+  [ -n "$latest" ] && cp "$latest" "$OUT/plain_report.md"
+  step stages 120 python3 benchmarks/throughput.py stages --device cuda --examples 2000
+  step isolated_torch 150 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --run-report="$OUT/runs/iso" \
+    --impl=tests/impls/torch_float32.py:run -q
+  latest=$(ls -t "$OUT"/runs/iso/*/report.md 2>/dev/null | head -n 1)
+  [ -n "$latest" ] && cp "$latest" "$OUT/isolated_report.md"
+  step check_defect 120 python3 -m gqa_decode_fuzz.cli check tests/impls/wrong_kv_head.py:run --out /tmp/checks \
+    --json "$OUT/check_defect.json"
+  step check_correct 200 python3 -m gqa_decode_fuzz.cli check tests/impls/torch_float32.py:run --out /tmp/checks \
+    --json "$OUT/check_correct.json"
+  rm -rf "$OUT/runs"
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 speed)
   nvidia-smi -L | tee "$OUT/summary.txt"

@@ -128,11 +128,12 @@ def _warmed_up(options, device_type: str):
     os.environ.setdefault("TRITON_INTERPRET", "1" if device_type == "cpu" else "0")
     import torch
 
-    from gqa_decode_fuzz.engine.target import load_impl
+    from gqa_decode_fuzz.engine.target import load_target
+    from gqa_decode_fuzz.reference.definitions import SEED
     from gqa_decode_fuzz.runner.profiles import CASE_SIZES
 
     device = torch.device(device_type)
-    impl = load_impl(options.impl, root=ROOT)
+    impl = load_target(options.impl, root=ROOT).serving(SEED)  # the suite's argument order, as the tests call it
     limits = CASE_SIZES[options.case_sizes or ("large" if device.type == "cuda" else "small")]
     measure_stages(device, impl, limits, min(options.examples, 5))
     return device, impl, limits

@@ -43,11 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start no property after SECONDS (the one in flight and the root-cause probes finish)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the verdict as JSON here")
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed: the same seed, the same examples "
-                        "(default 0)")
+                        "(default 0; the ci profile is derandomized and draws the same examples whatever the seed)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--profile", default="dev", help="Hypothesis profile: dev, ci, gpu, nightly (default dev)")
     parser.add_argument("--examples", type=int, default=None, metavar="N", help="examples per property")
     parser.add_argument("--contract", choices=("auto", "correct", "strict"), default="auto")
+    parser.add_argument("--first-failure", action="store_true",
+                        help="stop at the first failing property (pytest -x): the fastest fail verdict, one cause")
     parser.add_argument("-k", dest="keyword", default=None, metavar="EXPRESSION", help="pytest -k: which properties")
     parser.add_argument("--out", type=Path, default=Path("gqa-decode-check"), metavar="DIR",
                         help="where each check's folder goes: case files, run report, workloads (default "
@@ -95,6 +97,7 @@ def _pytest_command(args: argparse.Namespace, spec: str, run_dir: Path) -> list[
     command += [f"--time-budget={args.time_budget}"] if args.time_budget else []
     command += [f"--max-examples={args.examples}"] if args.examples else []
     command += ["-k", args.keyword] if args.keyword else []
+    command += ["-x"] if args.first_failure else []
     return command + list(args.passthrough)
 
 
@@ -228,6 +231,8 @@ def _check(args: argparse.Namespace) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="check-", dir=args.out)).resolve()
     start = time.monotonic()
     completed = _run_suite(args, spec, run_dir)
-    if completed.returncode not in (0, 1):  # refused (usage error), interrupted, internal error, nothing collected
+    # 2 is pytest's "interrupted", which -x under xdist also gives once a property fails
+    stopped_at_first = args.first_failure and completed.returncode == 2
+    if completed.returncode not in (0, 1) and not stopped_at_first:  # refused, interrupted, internal error, none
         raise CommandError(f"pytest exit {completed.returncode}: {_usage_error(run_dir)}")
     return _result(args, definitions, run_dir, completed.returncode, time.monotonic() - start)

@@ -27,9 +27,8 @@ from typing import Any, NoReturn
 import torch
 import torch.multiprocessing
 
-from gqa_decode_fuzz.runner import gpus
-
-from . import isolation_child
+from . import devices, examples, isolation_child
+from .containment import is_sticky_cuda_error
 from .isolation import (
     BASE_TIMEOUT_S,
     CALL_TIMEOUT_ENV,
@@ -115,9 +114,9 @@ def _dumps(message: Any, shares: list) -> bytes:
 def _release_shares(shares: list) -> None:
     """Release, for a child that died holding them, the CUDA inputs it was sent. Torch keeps a shared block
     allocated until every process it was sent to has decremented its counter, and a dead child never does: each
-    crashing example then left its inputs behind (a huge pool's 8.6 GB: two workers on the H200 reached 78.6 and
-    58.8 GiB). Each share has a counter of its own, and a block whose counter is at or below zero is freed, so
-    releasing one the child had already released frees nothing early."""
+    crashing example would leave its inputs behind (docs/findings.md). Each share has a counter of its own, and a
+    block whose counter is at or below zero is freed, so releasing one the child had already released frees nothing
+    early."""
     for handle, offset, device in shares:
         with contextlib.suppress(RuntimeError):
             torch.UntypedStorage._release_ipc_counter(handle, offset, device=device)
@@ -200,18 +199,18 @@ def _reraised(description: dict) -> BaseException:
 
 def _outside_mps(launch: Launch, directory: Path) -> dict[str, str]:
     """The environment that starts a CUDA child outside the run's MPS server, where the GPUs allow processes beside
-    one: under MPS one process's fault reaches every process on its GPU, its parent's checker among them (seen on
-    the H200). Time-sliced, the child's fault is its own, an ordinary failure of its call. Empty elsewhere."""
-    if launch.device == "cpu" or gpus.mps_control_pipe() is None or not _shared_compute_mode():
+    one: under MPS one process's fault reaches every process on its GPU, its parent's checker among them.
+    Time-sliced, the child's fault is its own, an ordinary failure of its call. Empty elsewhere."""
+    if launch.device == "cpu" or devices.mps_control_pipe() is None or not _shared_compute_mode():
         return {}
     outside = directory / "outside-mps"  # no control pipe in it: the driver gives the child a context of its own
     outside.mkdir()
-    return {gpus.MPS_PIPE_ENV: str(outside)}
+    return {devices.MPS_PIPE_ENV: str(outside)}
 
 
 @functools.lru_cache(maxsize=1)
 def _shared_compute_mode() -> bool:
-    return gpus.shared_compute_mode()
+    return devices.shared_compute_mode()
 
 
 # ---- starting a child without telling it it is under test ---------------------------------------
@@ -258,8 +257,8 @@ def _sanitizer_wrapper(tool: str, directory: Path) -> tuple[str, Path]:
     log = directory / f"{tool}.log"
     wrapper = directory / "python-under-sanitizer"
     # --destroy-on-device-error kernel: a precise error ends the kernel, not the context, so the child lives on.
-    # Every error printed: under the default limit (100) a long-lived child's later errors went unlogged and a
-    # shrink saw its failing example pass (memcheck logs each faulting thread: 32 lines per call on the H200).
+    # Every error printed: under the default limit (100) a long-lived child's later errors go unlogged and a
+    # shrink sees its failing example pass (memcheck logs each faulting thread).
     wrapper.write_text(f"#!/bin/sh\nexec '{sanitizer}' --tool {tool} --log-file '{log}' --print-limit {PRINT_LIMIT} "
                        "--destroy-on-device-error kernel "
                        f"'{sys.executable}' \"$@\"\n", encoding="utf-8")
@@ -390,7 +389,7 @@ class Child:
 
     def _died(self, when: str) -> ImplementationCrashed | SanitizerError:
         """The child's death as the call's failure: a ``SanitizerError`` where the sanitizer logged an error first
-        (memcheck stops the kernel it caught, and torch aborts on the launch failure: seen on the H200)."""
+        (memcheck stops the kernel it caught, and torch aborts on the launch failure)."""
         self.process.join(5)
         code = self.process.exitcode
         tail, report = _log_tail(self.log), self._sanitizer_report()[0] if self.sanitizer_log else ""
@@ -468,8 +467,6 @@ def _is_sanitizer_error(line: str) -> bool:
 
 
 def _is_sticky(description: dict) -> bool:
-    from .containment import is_sticky_cuda_error
-
     if "RuntimeError" not in description.get("mro", ()):
         return False
     return is_sticky_cuda_error(RuntimeError(str(description.get("message", ""))))
@@ -495,13 +492,11 @@ class SanitizerShare:
         """Whether the running example's calls go to the sanitized child."""
         from hypothesis import strategies as st
 
-        from gqa_decode_fuzz.runner import shards
-
-        example = shards.running_example()
-        if example is None:  # an explicit example: with every 1 it too (on the H200 one ran plain and passed)
+        example = examples.running_example()
+        if example is None:  # an explicit example, with nothing to draw from: sanitized only with every 1
             return self.promoted or self.every == 1
         if example is not self._example:
-            drawn = shards.draw_in(example, st.integers(0, self.every - 1), label="sanitized")
+            drawn = examples.draw_in(example, st.integers(0, self.every - 1), label="sanitized")
             self._example, self._sanitized = example, self.promoted or drawn == self.every - 1
             self.counts["sanitized" if self._sanitized else "plain"] += 1
         return self._sanitized

@@ -1,37 +1,11 @@
 """The implementation under test runs in a child process: it cannot touch the checker, and its faults are failures.
 
-An implementation imported into the process that checks it can rewrite the oracle, the bound, the comparison,
-Hypothesis or torch. So, for every ``--impl`` but this project's own kernel (``--isolation``), the checking
-process never imports it: ``isolated_impl.IsolatedImpl`` is the callable the properties call, and each call
-goes over one pipe to a child process (``isolation_child``; torch.multiprocessing's spawn start, one child per
-pytest process, started once and replaced when it dies) that imports the target, calls it, waits for the device and
-answers. The parent trusts nothing from it:
-
-- what it unpickles is restricted to torch's tensor-sharing reductions and plain data (``_Unpickler``): a
-  pickle can run any code, an exception object would import the implementation's module;
-- every result tensor is copied on receipt into memory the parent owns, and the child's own copy is compared
-  with it at the next call and at the example's end, so a write after the answer (a thread or side stream
-  left running) fails the example (``ResultChangedAfterReturn``) instead of reaching the check unseen;
-- CPU inputs go to the child as copies in shared memory, with the child's writes copied back once it has
-  answered (the properties' own snapshots then see what the call did, and nothing it does later); CUDA inputs
-  are shared without copies (CUDA IPC), the device synchronised before the answer; the child lets go of them
-  before it answers, and for a child that died holding them the parent releases them itself (torch would keep
-  them allocated for good: ``isolated_impl._release_shares``);
-- an exception the implementation raised comes back as text and is raised again as its nearest built-in class
-  (``ValueError``, ``TypeError``...) with the original class named in the message.
-
-A child that dies (segfault, ``os._exit``, a sticky CUDA error, which leaves its context unusable) fails the
-call with ``ImplementationCrashed``; one that does not answer within the call's deadline (``call_deadline``)
-is killed and fails it with ``ImplementationHung``. Both are ordinary exceptions: Hypothesis shrinks them like
-a wrong answer and the case file records them; the next call starts a fresh child. Under the run's MPS server a
-CUDA child starts outside it where the GPU allows (``isolated_impl._outside_mps``): inside, its fault would reach
-its parent and every other worker on the GPU.
-
-``--sanitize=TOOL`` runs a share of the examples (``SanitizerShare``) in a second child started under NVIDIA's
-``compute-sanitizer --tool TOOL`` with torch's caching allocator off (inside a cached segment a read past a
-tensor is invisible to it) and ``--destroy-on-device-error kernel`` (a precise error ends the faulting kernel,
-not the CUDA context); any error it logs during a call fails that call with ``SanitizerError`` and the report. A
-child that still answered lives on, so a shrink does not pay a sanitized start-up per failing example.
+For every ``--impl`` but this project's own kernel (``--isolation``) the checking process never imports the
+implementation, which could otherwise rewrite the oracle, the comparison, Hypothesis or torch: each call goes over
+one pipe to a child process (``isolation_child``), and the parent (``isolated_impl``) trusts nothing it sends back.
+A child's death, hang, late write
+or sanitizer report raises one of this module's errors, ordinary exceptions that Hypothesis shrinks like a wrong
+answer. Here: the modes, those errors, the call deadline, and the header's and report's line (docs/targets.md).
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def main(connection, launch: dict[str, Any]) -> None:
     import torch  # before the target: its reductions decode the tensors the parent sends
     import torch.multiprocessing  # noqa: F401
 
-    from .target import load_callable, resolve_device
+    from .target import load_callable, resolve_device  # after the redirect: its output goes to the log
 
     try:
         device = resolve_device(launch["device"])
@@ -177,8 +177,8 @@ def _serve(connection, function, device, own_copies: bool) -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             copy_back(copies)
-            # A sanitized child allocates without torch's cache, and CUDA IPC cannot share such memory (seen on an
-            # H200: "invalid device pointer"): its results go back through host memory.
+            # A sanitized child allocates without torch's cache, and CUDA IPC cannot share such memory ("invalid
+            # device pointer"): its results go back through host memory.
             reply = ("result_on_host", _on_host(value)) if own_copies else ("result", value)
         except Exception as error:  # noqa: BLE001 - the implementation's error is the answer
             reply = ("raised", _describe(error))

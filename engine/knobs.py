@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gqa_decode_fuzz.runner import shards
+from . import examples
 
 __all__ = ["KnobDraws"]
 
@@ -33,12 +33,12 @@ class KnobDraws:
         """The knob values of the running example (drawn at its first call), or the defaults."""
         if not self.knobs:
             return {}
-        example = shards.running_example()
+        example = examples.running_example()
         if example is None:
             return {name: values[0] for name, values in self.knobs.items()}
         if example is not self._example:
             strategy = st.fixed_dictionaries({name: st.sampled_from(values) for name, values in self.knobs.items()})
-            self._example, self._values = example, shards.draw_in(example, strategy, label="knobs")
+            self._example, self._values = example, examples.draw_in(example, strategy, label="knobs")
         return self._values
 
     def applied_to(self, function: Callable) -> Callable:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .target import ImplSpecError
+from .errors import ImplSpecError
 
 __all__ = ["LANGUAGES", "Solution", "SolutionError", "load_solution", "read_solution"]
 

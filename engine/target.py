@@ -41,17 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gqa_decode_fuzz.runner import gpus
+from gqa_decode_fuzz.reference import definitions
+
+from . import devices, solutions
+from .errors import DeviceError, ImplSpecError
 
 DEFAULT_IMPL = "gqa_decode_fuzz.kernel:run"
 
 __all__ = ["DEFAULT_IMPL", "DeviceError", "ImplSpecError", "Target", "check_spec", "confirm_device", "device_type",
            "declared_by", "in_definition_order", "load_callable", "load_impl", "load_target", "make_target",
            "resolve_device"]
-
-
-class DeviceError(ValueError):
-    """A device choice this machine cannot honour; the message names the fix."""
 
 
 def resolve_device(choice: str):
@@ -66,7 +65,9 @@ def resolve_device(choice: str):
         raise DeviceError("--device=cuda but torch sees no CUDA device; try --device=cpu")
     if choice == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-        importlib.import_module("gqa_decode_fuzz.kernel._interpreter_compat").install()
+        from gqa_decode_fuzz.kernel import interpreter_compat  # numpy and Triton: not in an xdist controller
+
+        interpreter_compat.install()
     return torch.device(choice)
 
 
@@ -77,12 +78,12 @@ def _check_choice(choice: str) -> None:
 
 def device_type(choice: str) -> str:
     """The device type (``"cuda"`` or ``"cpu"``) that ``resolve_device(choice)`` gives, told without importing torch
-    where CUDA's driver can answer (``gpus.cuda_device_count``): what an xdist controller tells its workers before it
+    where CUDA's driver can answer (``devices.cuda_device_count``): what an xdist controller tells its workers before it
     imports torch. ``--device=cuda`` with no device raises ``resolve_device``'s error (asking torch first)."""
     _check_choice(choice)
     if choice == "cpu":
         return "cpu"
-    if gpus.cuda_device_count() > 0:
+    if devices.cuda_device_count() > 0:
         return "cuda"
     return resolve_device("cuda").type if choice == "cuda" else "cpu"
 
@@ -246,8 +247,6 @@ def load_callable(spec: str, root: Path | None = None) -> tuple[Callable, dict[s
     if not _is_solution(spec):
         function = load_impl(spec, root)
         return function, declared_by(function)
-    from . import solutions
-
     solution, own = solution_and_definition(spec, root, None)
     function, dps, convention = solutions.load_solution(solution, own)
     return function, {**declared_by(function), "destination_passing_style": dps, "convention": convention}
@@ -269,9 +268,6 @@ def _solution_path(spec: str, root: Path | None) -> Path:
 def solution_and_definition(spec: str, root: Path | None, definition: Any) -> tuple:
     """A Solution file's ``solutions.Solution`` and its definition, read and checked without importing its code;
     ``ImplSpecError`` where ``definition`` (``--definition``'s) is another one."""
-    from gqa_decode_fuzz.reference import definitions
-
-    from . import solutions
     solution = solutions.read_solution(_solution_path(spec, root))
     if definition is not None and definition.name != solution.definition:
         raise ImplSpecError(f"--impl={spec!r} implements {solution.definition!r} but --definition={definition.name!r}"
@@ -281,10 +277,6 @@ def solution_and_definition(spec: str, root: Path | None, definition: Any) -> tu
     except definitions.DefinitionError as error:
         raise ImplSpecError(f"--impl={spec!r}: its definition: {error}") from None
     return solution, own
-
-
-class ImplSpecError(ValueError):
-    """An ``--impl`` value that names no callable; the message says which part failed."""
 
 
 def _import_file(path: Path):
@@ -328,8 +320,6 @@ def check_spec(spec: str, root: Path | None = None, *, find: bool = True) -> Non
     parent packages are imported to find it; not with ``find=False``, for a target that runs in a process of its
     own). An xdist controller checks this much before starting its workers, the rest once they are starting."""
     if _is_solution(spec):  # read and checked in full: no torch, nothing imported
-        from . import solutions
-
         solutions.read_solution(_solution_path(spec, root))
         return
     target, _ = _parse_spec(spec, root)

@@ -607,12 +607,13 @@ def remove_build_observer(observer: BuildObserver) -> None:
         _build_observers.remove(observer)
 
 
-ClaimObserver = Callable[[DecodeCase, dict], None]
+ClaimObserver = Callable[[DecodeCase, dict, str], None]
 _claim_observers: list[ClaimObserver] = []
 
 
 def add_claim_observer(observer: ClaimObserver) -> None:
-    """Call ``observer(case, draws)`` at the start of every claim (``claims``; the plugin's case recorder)."""
+    """Call ``observer(case, draws, claim)`` at the start of every claim (``claims``; the plugin's case recorder,
+    and its check that a test calls the claim it declares); ``claim`` is the claim's reference (``module:name``)."""
     if observer not in _claim_observers:
         _claim_observers.append(observer)
 
@@ -623,11 +624,11 @@ def remove_claim_observer(observer: ClaimObserver) -> None:
         _claim_observers.remove(observer)
 
 
-def note_claim(case: DecodeCase, draws: dict) -> None:
-    """A claim starts on ``case`` with the test's other ``draws``: tell the claim observers (not inside
-    ``unobserved``)."""
+def note_claim(case: DecodeCase, draws: dict, claim: str) -> None:
+    """The claim ``claim`` (its reference) starts on ``case`` with the test's other ``draws``: tell the claim
+    observers (not inside ``unobserved``)."""
     for observer in list(_claim_observers) if observing() else ():
-        observer(case, draws)
+        observer(case, draws, claim)
 
 
 _silenced = 0  # unobserved() blocks open

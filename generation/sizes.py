@@ -3,9 +3,11 @@ name the case sizes (``--case-sizes``) in a process that never builds a case (th
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["SizeLimits"]
+__all__ = ["SizeLimits", "active_limits", "using_limits"]
 
 
 @dataclass(frozen=True)
@@ -20,3 +22,25 @@ class SizeLimits:
     max_q_len: int = 34
     max_kv_len: int = 136
     max_prefill_batch: int = 3
+
+
+_active: list[SizeLimits] = []  # using_limits blocks open, innermost last
+
+
+def active_limits() -> SizeLimits:
+    """The case-size limits of the run drawing now (``using_limits``); fails clearly outside one."""
+    if not _active:
+        raise RuntimeError("the run's case sizes are set by the suite's pytest plugin around each test "
+                           "(sizes.using_limits); draw these cases inside a test of the run")
+    return _active[-1]
+
+
+@contextlib.contextmanager
+def using_limits(limits: SizeLimits) -> Iterator[SizeLimits]:
+    """Cases sized by the run (``strategies.run_sized``) are drawn within ``limits`` inside the block (the plugin
+    wraps each test item in one)."""
+    _active.append(limits)
+    try:
+        yield limits
+    finally:
+        _active.pop()

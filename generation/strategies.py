@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -26,9 +27,10 @@ from .cases import (
     DecodeCase,
     active_definition,
 )
-from .sizes import SizeLimits
+from .sizes import SizeLimits, active_limits
 
 _DEFAULT_LIMITS = SizeLimits()
+T = TypeVar("T")
 
 # Block sizes that Triton decode kernels use; each length at a boundary and one either side.
 _BLOCK_EDGES = sorted({n + d for n in (16, 32, 64, 128, 256) for d in (-1, 0, 1)})
@@ -87,6 +89,17 @@ def block_edge_lengths(*, max_len: int, blocks: tuple[int, ...] = (16, 32, 64, 1
     return st.sampled_from(sorted(n for n in edges if 0 <= n <= max_len))
 
 
+def run_sized(build: Callable[[SizeLimits], st.SearchStrategy[T]]) -> st.SearchStrategy[T]:
+    """``build(limits)`` for the run's case-size limits (``sizes.active_limits``), built when it first draws: a
+    property file reads no run state when it is imported. Drawing through it draws exactly what ``build``'s
+    strategy draws (Hypothesis draws a deferred strategy as the one it wraps); the limits are the run's, fixed
+    for its whole length, so the strategy is built once.
+
+    Example: ``run_sized(lambda limits: decode_cases(limits=shorter(limits), min_batch=2))``.
+    """
+    return st.deferred(lambda: build(active_limits()))
+
+
 def _check_choices(name: str, chosen: tuple[str, ...], allowed: tuple[str, ...]) -> None:
     if not chosen or any(c not in allowed for c in chosen):
         raise InvalidArgument(f"{name}={chosen!r} must be a non-empty tuple drawn from {allowed}")
@@ -133,7 +146,7 @@ def decode_cases(
         return st.lists(one_length, **size)
 
     # Every part is built once, here (the lengths once per page size): a strategy built inside the draw is
-    # validated anew for every example, which cost more than all the drawing (4.4 ms an example on a CPU core).
+    # validated anew for every example, which cost more than all the drawing (docs/gpu.md section 14).
     fields = _CaseFields(
         lengths=lengths_for,
         min_empty=min_empty,

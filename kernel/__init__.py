@@ -8,7 +8,7 @@ Runs on CUDA tensors natively, and on CPU tensors in Triton's interpreter when
 ``TRITON_INTERPRET=1`` is set before this package is imported.
 """
 
-from ._interpreter_compat import install as _install_interpreter_compat
+from .interpreter_compat import install as _install_interpreter_compat
 
 _install_interpreter_compat()
 

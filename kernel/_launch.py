@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._interpreter_compat import interpreter_enabled
 from ._kernel import gqa_paged_decode_kernel
+from .interpreter_compat import interpreter_enabled
 
 NUM_QO_HEADS = 32
 NUM_KV_HEADS = 4

@@ -10,20 +10,18 @@ from typing import NamedTuple
 
 import torch
 from hypothesis import note, settings, target
+from hypothesis import strategies as st
 
 from gqa_decode_fuzz import reference
-from gqa_decode_fuzz.generation.cases import DecodeInputs, host_values
-from gqa_decode_fuzz.generation.prefill_cases import PrefillInputs
+from gqa_decode_fuzz.generation.cases import DecodeCase, DecodeInputs
+from gqa_decode_fuzz.generation.oracles import oracle_of
 from gqa_decode_fuzz.generation.stages import timed
-from gqa_decode_fuzz.generation.strategies import SizeLimits
+from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases, run_sized
 from gqa_decode_fuzz.reference import compare as _compare
-from gqa_decode_fuzz.reference import prefill_oracle
 
 Reference = reference.Reference
 attend = timed("oracle", reference.attend)
 assert_within_bound = timed("checks", reference.assert_within_bound)
-attend_paged_prefill = timed("oracle", prefill_oracle.attend_paged_prefill)
-attend_ragged_prefill = timed("oracle", prefill_oracle.attend_ragged_prefill)
 
 
 def share_of_examples(fraction: float, *, at_least: int = 5) -> settings:
@@ -51,24 +49,6 @@ def run_and_check(impl: Callable, inputs: DecodeInputs, context: str) -> Checked
     reference = oracle_of(inputs)
     worst = assert_within_bound(output, lse, reference, context=context)
     return Checked(output, lse, reference, worst)
-
-
-def oracle_of(inputs: DecodeInputs | PrefillInputs) -> Reference:
-    """The float64 answer and bound for a built call (decode or causal prefill), from the index values the builder
-    kept on the host."""
-    if isinstance(inputs, PrefillInputs):
-        return prefill_oracle_of(inputs)
-    return attend(*inputs, indptr_on_host=host_values(inputs.kv_indptr),
-                  last_page_len_on_host=host_values(inputs.kv_last_page_len))
-
-
-def prefill_oracle_of(inputs: PrefillInputs) -> Reference:
-    """The float64 answer and bound, one row per query token, of a built causal prefill call."""
-    hosts = dict(qo_indptr_on_host=host_values(inputs.qo_indptr), kv_indptr_on_host=host_values(inputs.kv_indptr))
-    if inputs.ragged:
-        return attend_ragged_prefill(*inputs[:5], inputs.sm_scale, **hosts)
-    return attend_paged_prefill(*inputs[:6], inputs.sm_scale, inputs.kv_last_page_len,
-                                last_page_len_on_host=host_values(inputs.kv_last_page_len), **hosts)
 
 
 def steer_toward_the_bound(worst_ratio: float) -> None:
@@ -161,3 +141,9 @@ _deterministic_algorithms = getattr(torch._C, "_set_deterministic_algorithms", t
 def shorter(limits: SizeLimits) -> SizeLimits:
     """Half the longest sequence (at least two kernel blocks), for properties that run several calls per case."""
     return replace(limits, max_len=max(limits.max_len // 2, 129))
+
+
+def short_cases(**options) -> st.SearchStrategy[DecodeCase]:
+    """``decode_cases(**options)`` within ``shorter`` of the run's limits, built when it first draws
+    (``run_sized``): for properties that run several calls per case."""
+    return run_sized(lambda limits: decode_cases(limits=shorter(limits), **options))

@@ -1,18 +1,21 @@
 """Each property's claim: the body of its test, as a function of a case and the test's other draws.
 
 A property's test draws its arguments and calls its claim here; the run's root-cause probes
-(``_plugin/causes.py``) call the same claim on other cases, so a probe asks exactly what the
+(``record/causes.py``) call the same claim on other cases, so a probe asks exactly what the
 property asked. A claim is called ``claim(impl, case, device, contract, **draws)``: ``case`` is
 the ``DecodeCase`` the claim is about, ``draws`` the test's other draws (a relabelling seed, a
 second case, a corruption), each with a plain default for probes of another property's case.
 Each call tells the claim observers (``cases.add_claim_observer``: the plugin's case recorder) its
-case and draws, so a case file names both; ``cases.unobserved()`` (the probes) silences them.
+reference, case and draws, so a case file names all three; ``cases.unobserved()`` (the probes) silences them.
 
 A claim raises (``AssertionError`` from the checks, or whatever the implementation raised) when
 it does not hold, ``hypothesis.errors.UnsatisfiedAssumption`` when it does not apply to its case
 (a probe: undecided), and returns None (``within_bound``: the check's result) when it holds.
-``claim_for(name)`` gives the claim of a test function (its name or node id); a test not listed
-claims what nearly every one does, that the call's result is within the oracle's bound.
+
+Each test declares its claim where it is defined, ``@property_claim(claims.within_bound)``: the plugin
+refuses to collect a property without one, fails a test whose body calls another claim, and records the
+claim's ``reference`` (``module:name``) in the run's report parts and case files, from which the root causes
+import it again (``Claim.reference``) without importing any test module.
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import assume, note
 from hypothesis.control import currently_in_test_context
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.generation.cases import POOL_FILLS, DecodeCase, build, note_claim
-from gqa_decode_fuzz.generation.corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
 from gqa_decode_fuzz.generation.transforms import (
     copy_queries_within_groups,
     poison_page,
@@ -52,30 +55,58 @@ from .checks import (
     run_and_check,
     snapshot,
 )
+from .corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
 
-Claim = Callable[..., Any]  # (impl, case, device, contract, **draws)
-
-__all__ = ["Claim", "assert_empty_sequences_exact", "claim_for", "decided_by_draws", "within_bound"]
+__all__ = ["Claim", "assert_empty_sequences_exact", "property_claim", "within_bound"]
 
 LAYOUT_ARGUMENTS = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices")
 
 
-def _claim(function: Callable | None = None, *, judges_refusals: bool = False) -> Claim:
-    """A claim: ``function`` with its case and draws told to the claim observers first. Unless it judges refusals
-    itself (``judges_refusals``), a case with a strided or sliced layout that the implementation refuses, as
-    test_layouts allows, is one the claim does not apply to (``_refusing_layouts``)."""
+class Claim:
+    """A claim: ``function`` with its reference, case and draws told to the claim observers first.
+
+    Unless it judges refusals itself (``judges_refusals``), a case with a strided or sliced layout that the
+    implementation refuses, as test_layouts allows, is one the claim does not apply to (``_refusing_layouts``).
+    ``decided_by_draws``: its failures are decided by its draws, not its case (each corruption a check the
+    implementation makes or lacks), so the root causes put one such claim's failures together.
+    """
+
+    def __init__(self, function: Callable, *, judges_refusals: bool = False, decided_by_draws: bool = False) -> None:
+        functools.update_wrapper(self, function)
+        self.function = function
+        self.judges_refusals = judges_refusals
+        self.decided_by_draws = decided_by_draws
+        self.reference = f"{function.__module__}:{function.__qualname__}"  # what importing it back takes
+
+    def __call__(self, impl: Callable, case: DecodeCase, device: Any, contract: str = "correct", **draws: Any) -> Any:
+        note_claim(case, draws, self.reference)
+        if not self.judges_refusals and not _plain_layouts(case):
+            impl = _refusing_layouts(impl, case, contract)
+        return self.function(impl, case, device, contract, **draws)
+
+    def __repr__(self) -> str:
+        return f"<claim {self.reference}>"
+
+
+def _claim(function: Callable | None = None, *, judges_refusals: bool = False,
+           decided_by_draws: bool = False) -> Claim | Callable[[Callable], Claim]:
+    """``@_claim`` or ``@_claim(judges_refusals=..., decided_by_draws=...)``: ``function`` as a ``Claim``."""
 
     def decorate(function: Callable) -> Claim:
-        @functools.wraps(function)
-        def noted(impl, case, device, contract="correct", **draws):
-            note_claim(case, draws)
-            if not judges_refusals and not _plain_layouts(case):
-                impl = _refusing_layouts(impl, case, contract)
-            return function(impl, case, device, contract, **draws)
-
-        return noted
+        return Claim(function, judges_refusals=judges_refusals, decided_by_draws=decided_by_draws)
 
     return decorate(function) if function is not None else decorate
+
+
+def property_claim(claim: Claim) -> pytest.MarkDecorator:
+    """Declare the claim a property's test checks: ``@property_claim(claims.within_bound)`` above its ``@given``.
+
+    Marks the test with the claim's reference (the ``claim`` marker the plugin registers), which the plugin
+    requires of every test in the property suite, compares with the claim the body calls, and records per property.
+    """
+    if not isinstance(claim, Claim):
+        raise TypeError(f"property_claim(claim={claim!r}): expected a Claim (properties/claims.py, prefill_claims.py)")
+    return pytest.mark.claim.with_args(claim.reference)
 
 
 def _plain_layouts(case: DecodeCase) -> bool:
@@ -229,7 +260,7 @@ def every_output_written(impl, case, device, contract) -> None:
     """Memory the implementation allocates but never writes stays NaN: the result must still be within bound."""
     inputs = build(case, device)
     # A destination-passing implementation's destinations are poisoned and checked by its adapter
-    # (_plugin/destinations.py), here and in every other property.
+    # (engine/destinations.py), here and in every other property.
     with poisoned_allocations():
         output, lse = impl(*inputs)
     run_and_check(lambda *_: (output, lse), inputs, f"case {case}, fresh allocations filled with NaN")
@@ -294,7 +325,7 @@ def poison_stays_put(impl, case, device, contract, page_rank: int = 0, tensor: s
 # ---- bad input ----------------------------------------------------------------------------------
 
 
-@_claim(judges_refusals=True)
+@_claim(judges_refusals=True, decided_by_draws=True)
 def bad_input_handled(impl, case, device, contract, corruption: str = "q_float16", where: int = 0,
                       then_valid: bool = True) -> None:
     """The call broken by ``corruption`` is refused as the tier demands; with ``then_valid``, the valid call made
@@ -304,47 +335,3 @@ def bad_input_handled(impl, case, device, contract, corruption: str = "q_float16
     assert_handled(impl, contract, inputs, corruption, where, f"case {case}")
     if then_valid:
         run_and_check(impl, inputs, f"case {case}: the valid call after {corruption}")
-
-
-_CLAIMS: dict[str, Claim] = {
-    "test_empty_sequences_give_zero_output_and_negative_infinite_lse": empty_sequences_exact,
-    "test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error": right_answer_or_clear_error,
-    "test_destinations_are_written_whole_and_nothing_beside_them": destinations_written,
-    "test_a_sequence_gets_the_same_answer_alone_as_in_a_batch": alone_and_batched,
-    "test_moving_pages_to_other_slots_changes_nothing": relabelled,
-    "test_repeating_a_call_gives_the_same_answer": repeated,
-    "test_inputs_are_left_unchanged": inputs_unchanged,
-    "test_every_output_element_is_written": every_output_written,
-    "test_heads_sharing_a_kv_head_and_a_query_give_equal_results": equal_heads,
-    "test_junk_in_unreferenced_pages_changes_nothing": junk_elsewhere,
-    "test_junk_in_unused_slots_of_last_pages_changes_nothing": junk_in_last_pages,
-    "test_nan_in_a_referenced_page_stays_in_the_sequences_reading_it": poison_stays_put,
-    "test_bad_input_is_refused_and_the_next_call_works": bad_input_handled,
-    "test_each_corruption_is_handled": bad_input_handled,
-}
-# Claims whose failure its draws decide, not its case (each corruption is a check the implementation makes or
-# lacks): the root causes put one such claim's failures together, one corruption per property.
-_DECIDED_BY_DRAWS = {bad_input_handled}
-
-
-def claim_for(prop: str) -> Claim:
-    """The claim of a property, named by its node id or test function name (parameters ignored)."""
-    function = prop.rpartition("::")[2].partition("[")[0]
-    return _CLAIMS.get(function, within_bound)
-
-
-def decided_by_draws(prop: str) -> bool:
-    """Whether the property's claim fails by its draws rather than its case (``bad_input_handled``)."""
-    return claim_for(prop) in _DECIDED_BY_DRAWS
-
-
-def property_claim(claim: Claim) -> Callable:
-    """Declare the claim a property's test states: sets ``claim`` on the test function, makes it the test's claim
-    for ``claim_for`` (the root-cause probes), and returns the test (a minimal version)."""
-
-    def declare(test: Callable) -> Callable:
-        test.claim = claim
-        _CLAIMS.setdefault(test.__name__, claim)
-        return test
-
-    return declare

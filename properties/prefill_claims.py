@@ -16,7 +16,6 @@ import torch
 
 from gqa_decode_fuzz.engine.target import ImplSpecError
 from gqa_decode_fuzz.generation import cases
-from gqa_decode_fuzz.generation.corruptions import NOT_A_REFUSAL
 from gqa_decode_fuzz.generation.prefill_cases import PrefillCase, PrefillInputs, build_prefill
 from gqa_decode_fuzz.generation.prefill_transforms import (
     Piece,
@@ -30,6 +29,7 @@ from gqa_decode_fuzz.reference import Reference, definitions
 
 from .checks import Checked, assert_equivalent, assert_result_metadata, assert_within_bound, oracle_of, run_and_check
 from .claims import _applies, _claim, _next_fill, _note, _refused_clearly, assert_empty_sequences_exact
+from .corruptions import NOT_A_REFUSAL
 
 __all__ = ["PREFILL_CORRUPTIONS", "bad_input_refused", "chunked_like_whole", "junk_elsewhere",
            "keys_beyond_the_window_ignored", "masked_rows_exact", "one_query_is_decode", "within_bound"]

@@ -27,14 +27,15 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.generation.cases import DecodeCase
-from gqa_decode_fuzz.generation.corruptions import CORRUPTIONS, LIMITS, corruptions
 from gqa_decode_fuzz.generation.strategies import decode_cases
-
-from . import claims
+from gqa_decode_fuzz.properties import claims
+from gqa_decode_fuzz.properties.claims import property_claim
+from gqa_decode_fuzz.properties.corruptions import CORRUPTIONS, LIMITS, corruptions
 
 pytestmark = pytest.mark.input_validation
 
 
+@property_claim(claims.bad_input_handled)
 @given(
     case=decode_cases(limits=LIMITS, min_batch=0),
     corruption=corruptions(),
@@ -55,6 +56,7 @@ def test_bad_input_is_refused_and_the_next_call_works(impl, contract, device, ca
     claims.bad_input_handled(impl, case, device, contract, corruption=corruption, where=where)
 
 
+@property_claim(claims.bad_input_handled)
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
 def test_each_corruption_is_handled(impl, contract, device, corruption):
     """Every entry of the table, once (the property above samples them)."""

@@ -19,18 +19,16 @@ from hypothesis import strategies as st
 
 from gqa_decode_fuzz.engine.destinations import DESTINATION_LAYOUTS
 from gqa_decode_fuzz.generation.cases import DecodeCase
-from gqa_decode_fuzz.generation.strategies import decode_cases
-from gqa_decode_fuzz.runner.plugin import current_run
-
-from . import claims
-from .checks import share_of_examples, shorter
+from gqa_decode_fuzz.properties import claims
+from gqa_decode_fuzz.properties.checks import share_of_examples, short_cases
+from gqa_decode_fuzz.properties.claims import property_claim
 
 pytestmark = pytest.mark.destination_passing
-LIMITS = shorter(current_run().limits)
 
 
+@property_claim(claims.destinations_written)
 @share_of_examples(0.5)
-@given(case=decode_cases(limits=LIMITS, min_batch=0), layout=st.sampled_from(DESTINATION_LAYOUTS))
+@given(case=short_cases(min_batch=0), layout=st.sampled_from(DESTINATION_LAYOUTS))
 @example(case=DecodeCase(lengths=(2, 0, 3)), layout="contiguous")  # the last sequence's rows: the end of output
 @example(case=DecodeCase(lengths=()), layout="contiguous")  # batch 0: nothing to write, nothing written
 @example(case=DecodeCase(lengths=(2, 3)), layout="padded")

@@ -21,8 +21,9 @@ from hypothesis import example, given, note
 
 from gqa_decode_fuzz.generation.cases import DecodeCase, active_definition, build, definitions
 from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases
-
-from .checks import run_and_check, share_of_examples
+from gqa_decode_fuzz.properties import claims
+from gqa_decode_fuzz.properties.checks import run_and_check, share_of_examples
+from gqa_decode_fuzz.properties.claims import property_claim
 
 PAGE_ID_LIMIT = 2**22  # page ids from here on overflow an int32 page_id * 512
 HUGE = SizeLimits(max_batch=4, max_len=1024, max_spare_pages=2**23)
@@ -30,6 +31,7 @@ HUGE = SizeLimits(max_batch=4, max_len=1024, max_spare_pages=2**23)
 pytestmark = pytest.mark.gpu
 
 
+@property_claim(claims.within_bound)
 @share_of_examples(0.1, at_least=5)
 @given(case=decode_cases(
     limits=HUGE, min_spare_pages=PAGE_ID_LIMIT + 8192, page_layouts=("pool_end", "shuffled"), pool_fills=("nan", "inf"),

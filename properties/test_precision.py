@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases
-
-from . import claims
-from .checks import steer_toward_the_bound
+from gqa_decode_fuzz.properties import claims
+from gqa_decode_fuzz.properties.checks import steer_toward_the_bound
+from gqa_decode_fuzz.properties.claims import property_claim
 
 # Where a dropped token (weight ~1/L) still clears the bound with margin, and the
 # interpreter runs a case in a few seconds.
@@ -39,6 +39,7 @@ def long_decode_cases(values: str) -> st.SearchStrategy:
     )
 
 
+@property_claim(claims.within_bound)
 @pytest.mark.parametrize("values", PRECISION_REGIMES)
 @settings(max_examples=EXAMPLES_PER_REGIME)
 @given(data=st.data())

@@ -33,6 +33,10 @@ from typing import Any
 
 import torch
 
+from gqa_decode_fuzz.generation.cases import DecodeCase, active_definition, build
+from gqa_decode_fuzz.generation.prefill_cases import PrefillCase, build_prefill
+from gqa_decode_fuzz.reference import definitions
+
 REPLAY_MODULE = "gqa_decode_fuzz.record.repro"
 FORMAT = "gqa-decode-case/2"
 INDEX_NAME = "index.jsonl"
@@ -99,13 +103,17 @@ class Recorder:
     built_args: list[Any] = field(default_factory=list)  # the built call's arguments, as recorded
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     claim: tuple[Any, dict] | None = None  # the case and draws of the claim the example started (``claims``)
+    property_claim: str | None = None  # the test's claim, as a reference (``module:name``)
 
-    def begin(self, nodeid: str) -> None:
+    def begin(self, nodeid: str, claim: str | None = None) -> None:
+        """Start recording test item ``nodeid``, whose declared claim is ``claim`` (a reference; None: not declared,
+        and then the claim its examples call)."""
         self.nodeid, self.case, self.built, self.built_args, self.calls = nodeid, None, {}, [], []
-        self.claim = None
+        self.claim, self.property_claim = None, claim
 
-    def note_claim(self, case: Any, draws: dict) -> None:
+    def note_claim(self, case: Any, draws: dict, claim: str) -> None:
         self.claim = (case, dict(draws))
+        self.property_claim = self.property_claim or claim
 
     def note_build(self, case: Any, inputs: Any = None) -> None:
         self.case, self.calls = case, []
@@ -230,9 +238,6 @@ def claim_from_fields(fields: dict | None) -> tuple[Any, dict] | None:
 def case_from_fields(fields: dict | None) -> Any:
     """The ``DecodeCase`` or ``PrefillCase`` (its fields name ``q_lens``) a case file describes (None when the
     example was built otherwise)."""
-    from gqa_decode_fuzz.generation.cases import DecodeCase
-    from gqa_decode_fuzz.generation.prefill_cases import PrefillCase
-
     if not fields:
         return None
     kind = PrefillCase if "q_lens" in fields else DecodeCase
@@ -241,9 +246,6 @@ def case_from_fields(fields: dict | None) -> Any:
 
 def build_case(case: Any, device: torch.device | str) -> Any:
     """The inputs of a recorded case, through its op type's builder (unobserved: a replay is not an example)."""
-    from gqa_decode_fuzz.generation.cases import build
-    from gqa_decode_fuzz.generation.prefill_cases import PrefillCase, build_prefill
-
     return (build_prefill if isinstance(case, PrefillCase) else build)(case, device, observe=False)
 
 
@@ -328,6 +330,7 @@ def save_case(
         "case_repr": repr(record.case) if record.case is not None else None,
         "case_fields": dataclasses.asdict(record.case) if dataclasses.is_dataclass(record.case) else None,
         "claim": _claim_fields(record.claim),
+        "property_claim": record.property_claim,  # its reference: what the root causes import to probe it
         "calls": _packed_calls(record, device_readable),
     }
     path = directory / _file_name(nodeid)
@@ -341,16 +344,12 @@ def save_case(
 
 def _definition_of(case: Any):
     """The definition a recorded example ran under: its case's, else the active one."""
-    from gqa_decode_fuzz.generation.cases import active_definition
-
     return case.shape if hasattr(case, "shape") else active_definition()
 
 
 def definition_of(payload: dict):
     """The definition a case file was found under (registered in this process, so its case rebuilds); files from
     before definitions were recorded ran under the seed's."""
-    from gqa_decode_fuzz.generation.cases import definitions
-
     data = payload.get("definition")
     if data is None:
         return definitions.SEED

@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import importlib
 import json
 import time
 import traceback
@@ -50,10 +51,14 @@ from typing import Any
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.engine.containment import CudaContextLost, is_sticky_cuda_error
-from gqa_decode_fuzz.runner.shards import property_name
+from gqa_decode_fuzz.engine.examples import property_name
+from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory, unobserved, using_definition
+from gqa_decode_fuzz.generation.oracles import oracle_of
+from gqa_decode_fuzz.reference import definitions
 
 from .casefiles import (
     CaseFileError,
+    build_case,
     case_from_fields,
     claim_from_fields,
     definition_of,
@@ -62,9 +67,8 @@ from .casefiles import (
 )
 
 __all__ = [
-    "Budget", "Cause", "Failure", "Prober", "as_json", "failures_of_run", "find_causes", "grouped", "load", "save",
-    "short_case",
-    "summary_lines",
+    "Budget", "Cause", "ClaimReferenceError", "Failure", "Prober", "as_json", "claim_at", "failures_of_run",
+    "find_causes", "grouped", "load", "save", "short_case", "summary_lines",
 ]
 
 FILE_NAME = "causes.json"
@@ -105,6 +109,7 @@ class Failure:
     case: Any = None  # the DecodeCase its claim was about (its case file says), if any
     draws: dict = field(default_factory=dict)  # the test's other draws, as its claim took them
     knobs: dict = field(default_factory=dict)  # the implementation's knobs as the example drew them (its calls')
+    claim: str | None = None  # its property's claim, a reference (``module:name``) its case file recorded
 
     @property
     def prop(self) -> str:
@@ -112,7 +117,7 @@ class Failure:
 
     @property
     def probeable(self) -> bool:
-        return self.case is not None and not self.crashed
+        return self.case is not None and self.claim is not None and not self.crashed
 
 
 def _prefill(case: Any) -> bool:
@@ -157,41 +162,58 @@ class Budget:
         return self.used < self.probes and self.spent < self.seconds
 
 
+class ClaimReferenceError(ValueError):
+    """A recorded claim reference that does not import to a claim; the message names it."""
+
+
+@functools.cache
+def claim_at(reference: str) -> Callable:
+    """The claim a reference (``package.module:name``, as a case file or report part records it) names, imported
+    by its module (the claims' own, never a test module's)."""
+    module, _, name = reference.partition(":")
+    try:
+        claim = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ClaimReferenceError(f"claim {reference!r} does not import: {error}") from None
+    if getattr(claim, "reference", None) != reference or not callable(claim):
+        raise ClaimReferenceError(f"claim {reference!r} imports {claim!r}, which is not that claim")
+    return claim
+
+
 @dataclass
 class Prober:
     """Replays claims on cases through ``impl`` (the suite's guarded implementation), within ``budget``.
 
-    ``claim_for(prop)`` gives a property's claim (``properties.claims``), ``decided_by_draws(prop)`` whether its
-    draws decide it rather than its case; ``release`` frees what a probe left
-    (the device's cached memory). ``tried`` lists every probe in words.
+    A failure's claim is the one its case file names (``Failure.claim``, imported by ``claim_at``);
+    ``release`` frees what a probe left (the device's cached memory). ``tried`` lists every probe in words.
     """
 
     impl: Callable
     device: Any
     contract: str
-    claim_for: Callable[[str], Callable]
-    decided_by_draws: Callable[[str], bool] = lambda prop: False  # ``claims.decided_by_draws``
     budget: Budget = field(default_factory=Budget)
     release: Callable[[], None] = lambda: None
     tried: list[str] = field(default_factory=list)
     stopped: str | None = None  # why probing ended early (budget, a lost CUDA context)
 
-    def fails(self, prop: str, case: Any, draws: dict | None = None, knobs: dict | None = None) -> bool | None:
-        """Whether ``prop``'s claim fails on ``case`` with ``draws``, the implementation called with ``knobs``
-        (else its defaults); None when the probe could not decide (budget spent, the claim does not apply to the
-        case, the suite out of memory, the context lost)."""
-        from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory, unobserved, using_definition
-
+    def fails(self, failure: Failure, case: Any) -> bool | None:
+        """Whether ``failure``'s claim fails on ``case`` with its draws, the implementation called with its knobs
+        (else their defaults); None when the probe could not decide (budget spent, the claim does not apply to the
+        case or does not import, the suite out of memory, the context lost)."""
         if self.stopped or not self.budget.left():
             self.stopped = self.stopped or (f"budget spent ({self.budget.used} probes, "
                                             f"{self.budget.spent:.1f} s)")
             return None
+        prop, draws, knobs = failure.prop, failure.draws, failure.knobs
         start, verdict = time.perf_counter(), None
         try:
+            claim = claim_at(failure.claim)
             with using_definition(case.shape), unobserved():  # the implementation serves the active definition
                 impl = functools.partial(self.impl, **knobs) if knobs else self.impl
-                self.claim_for(prop)(impl, case, self.device, self.contract, **(draws or {}))
+                claim(impl, case, self.device, self.contract, **(draws or {}))
             verdict = False
+        except ClaimReferenceError as error:
+            self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, {error}")
         except UnsatisfiedAssumption:
             self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, the claim does not apply")
         except (SuiteOutOfMemory, MemoryError) as error:
@@ -362,7 +384,7 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
         value = _field(case, name)
         if value == default:
             continue
-        verdict = prober.fails(rep.prop, _moved(case, **{name: default}), rep.draws, rep.knobs)
+        verdict = prober.fails(rep, _moved(case, **{name: default}))
         if verdict is None:
             needed.free.append(f"{name} untested")
             continue
@@ -374,7 +396,7 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
         _describe_needed(prober, rep, name, value, needed)
         words_of[name] = needed.words[said:]
     if not _prefill(case) and case.lengths == DEFAULTS["lengths"]:  # one token: does a longer batch fail too?
-        verdict = prober.fails(rep.prop, replace(case, lengths=LONGER), rep.draws, rep.knobs)
+        verdict = prober.fails(rep, replace(case, lengths=LONGER))
         if verdict:
             needed.free.append(FREE_WORDS["lengths"])
         elif verdict is False:  # other logits, or other lengths: the derived need below may say which
@@ -389,7 +411,7 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
     case = rep.case
     if name == "scale":
         words, test, other = _scale_class(value)
-        if other is not None and prober.fails(rep.prop, replace(case, scale=other), rep.draws, rep.knobs) is False:
+        if other is not None and prober.fails(rep, replace(case, scale=other)) is False:
             words, test = f"scale {value!r} (scale {other!r} passes)", (lambda s, v=value: s == v)
         needed.words.append(words)
         needed.tests["scale"] = lambda c, t=test: t(c.scale)
@@ -428,11 +450,6 @@ def _far_below_zero(case: Any) -> bool:
 
 @functools.lru_cache(maxsize=512)
 def _far_below_in(case: Any, definition: str) -> bool:  # ``definition``: the key a case of None's resolves to
-    from gqa_decode_fuzz.generation.cases import unobserved, using_definition
-    from gqa_decode_fuzz.properties.checks import oracle_of
-
-    from .casefiles import build_case
-
     with using_definition(case.shape), unobserved():
         reference = oracle_of(build_case(case, "cpu"))
     return bool((reference.lse < FAR_BELOW_LSE2).any())
@@ -471,11 +488,11 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
     # A cause that needs its definition: the representative's case under the other's own definition, which may
     # fail for another reason (its own definition's), so under the representative's it would join wrongly.
     case = replace(rep.case, definition=other.case.definition) if "definition" in needed.tests else rep.case
-    if prober.fails(other.prop, case, other.draws, other.knobs):
+    if prober.fails(other, case):
         return "the representative's case fails its check too" + (" under its own definition" if case is not rep.case
                                                                    else "")
-    if needed.tests and prober.fails(other.prop, _toward_defaults(other.case, needed), other.draws, other.knobs) \
-            is False and prober.fails(other.prop, other.case, other.draws, other.knobs):
+    if needed.tests and prober.fails(other, _toward_defaults(other.case, needed)) \
+            is False and prober.fails(other, other.case):
         return f"its own case passes once {', '.join(_needed_fields(needed))} go to the default"
     return None
 
@@ -498,6 +515,14 @@ def _draw_words(failures: list[Failure]) -> list[str]:
     return [f"{name} {', '.join(sorted(seen))}" for name, seen in (varying or values).items()]
 
 
+def _decided_by_draws(reference: str) -> bool:
+    """Whether the claim's failures are decided by its draws rather than its case (``Claim.decided_by_draws``)."""
+    try:
+        return bool(getattr(claim_at(reference), "decided_by_draws", False))
+    except ClaimReferenceError:
+        return False
+
+
 def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
     """Group ``failures`` into causes by probing (see the module docstring); the causes in the order found:
     those probed first (simplest representative first), then crashes and failures without a case."""
@@ -506,14 +531,14 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
     waiting = sorted((f for f in failures if f.probeable), key=_simplicity)
     while waiting:
         rep, rest = waiting[0], waiting[1:]
-        reproduced = prober.fails(rep.prop, rep.case, rep.draws, rep.knobs)
+        reproduced = prober.fails(rep, rep.case)
         if not reproduced:
             note = ("its own check passed on its case when probed (the property relates several calls or draws "
                     "beyond the case)" if reproduced is False else f"not probed: {prober.stopped}")
             causes.append(Cause(rep, note=note))
             waiting = rest
             continue
-        claim = prober.claim_for(rep.prop)
+        claim = rep.claim
         if claim in by_draws:  # the same claim failing with other draws: each a check made or lacking, one cause
             by_draws[claim].members.append((rep, f"the same claim, decided by its draws, fails on its own case with "
                                                  f"{'; '.join(_draw_words([rep]))}"))
@@ -529,7 +554,7 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
             else:
                 waiting.append(other)
         causes.append(cause)
-        if not needed.tests and prober.decided_by_draws(rep.prop):
+        if not needed.tests and _decided_by_draws(claim):
             by_draws[claim] = cause
     for cause in by_draws.values():
         decided = [cause.representative, *(member for member, _ in cause.members)]
@@ -540,6 +565,9 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
         if failure.crashed:
             causes.append(Cause(failure, note="crashed: not probed (a fault poisons the probing process's CUDA "
                                               "context)"))
+        elif failure.case is not None and failure.claim is None:
+            causes.append(Cause(failure, note="not probed: its case file names no claim (written before case files "
+                                              "recorded their property's claim)"))
         elif failure.case is None:
             function = failure.prop.partition("[")[0]
             if function in caseless:
@@ -558,9 +586,11 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
 def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool = False,
                     knobs: tuple[str, ...] = ()) -> list[Failure]:
     """One ``Failure`` per failing property: its case file from the run's index (``casefiles.runs_index``),
-    else the failing node id alone. ``isolated``: the implementation ran in a child process, whose fault this
-    process outlives, so a failure that lost a CUDA context there is probed like any other. ``knobs``: the names
-    of the implementation's knobs, whose values its recorded calls hold."""
+    else the failing node id alone. Its claim is the one its case file records (else its index entry's ``claim``,
+    a report part's); a case file from before claims were recorded names none, and is not probed. ``isolated``:
+    the implementation ran in a child process, whose fault this process outlives, so a failure that lost a CUDA
+    context there is probed like any other. ``knobs``: the names of the implementation's knobs, whose values its
+    recorded calls hold."""
     failures, seen = [], set()
     for entry in index:
         prop = property_name(entry["nodeid"])
@@ -577,7 +607,8 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
         error = entry.get("error") or (payload.get("error") or "").partition("\n")[0]
         failures.append(Failure(entry["nodeid"], entry["path"], error,
                                 crashed=not isolated and is_sticky_cuda_error(RuntimeError(error)), case=case,
-                                draws=draws, knobs=_knobs_of(payload, knobs)))
+                                draws=draws, knobs=_knobs_of(payload, knobs),
+                                claim=payload.get("property_claim") or entry.get("claim")))
     for nodeid in failed_nodeids:
         if property_name(nodeid) not in seen:
             seen.add(property_name(nodeid))
@@ -595,8 +626,6 @@ def _in_its_definition(value: Any, payload: dict) -> Any:
     """A case as its probes build it, naming its definition unless it is the seed's (a case naming none is built for
     the seed's, the default a probe moves toward). An explicit example's case names none even where it ran under
     another definition: the one its case file was found under is written in."""
-    from gqa_decode_fuzz.generation.cases import definitions
-
     if not dataclasses.is_dataclass(value) or not hasattr(value, "definition"):
         return value
     name = value.definition if value.definition is not None else definition_of(payload).name

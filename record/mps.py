@@ -1,10 +1,10 @@
 """Crashes under MPS: each one is replayed alone at the end of the run before it is believed.
 
-Under an MPS server (``gpus.mps_control_pipe``) the processes sharing a GPU share its
-faults: measured on an H200, a pytest running the correct kernel beside one running a
-faulting kernel got the same "illegal memory access" and crashed too, and nothing in the
-error tells a process whether its own call faulted. With 8 workers per GPU, one fault can
-crash 8 properties, each with a case file that does not replay.
+Under an MPS server (``devices.mps_control_pipe``) the processes sharing a GPU share its
+faults: a process running a correct kernel beside one running a faulting kernel gets the
+same "illegal memory access" and crashes too (docs/gpu.md), and nothing in the error tells
+a process whether its own call faulted. With N workers per GPU, one fault can crash N
+properties, each with a case file that does not replay.
 
 So under MPS the controller, once every worker is gone, replays the case file of each
 crash that owns its property (``python -m gqa_decode_fuzz.record.repro FILE``) in a fresh process,
@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gqa_decode_fuzz.runner.gpus import MPS_PIPE_ENV
+from gqa_decode_fuzz.engine.devices import MPS_PIPE_ENV
 
 MAX_REPLAYS = 16  # two faults' worth at 8 workers per GPU; more crashes stay crashed, unconfirmed
 REPLAY_TIMEOUT_S = 180.0  # a fresh process: imports, a Triton compile on a cold cache, a huge pool's build

@@ -30,11 +30,10 @@ import torch
 
 from gqa_decode_fuzz.engine import isolation, knobs
 from gqa_decode_fuzz.engine.containment import Guard
+from gqa_decode_fuzz.engine.examples import property_name
+from gqa_decode_fuzz.engine.guarded import guarded_impl
 from gqa_decode_fuzz.engine.isolated_impl import load_target_for
 from gqa_decode_fuzz.engine.target import DEFAULT_IMPL, resolve_device
-from gqa_decode_fuzz.properties import claims
-from gqa_decode_fuzz.runner.shards import property_name
-from gqa_decode_fuzz.runner.suite_run import guarded_impl
 
 from . import causes, run_report
 from .casefiles import replay_command
@@ -168,7 +167,8 @@ def failures(gathered: Gathered, isolated: bool = True, knobs: tuple[str, ...] =
     """The merged run's failures, as one host's run finds its own (``causes.failures_of_run``): the failing lines'
     case files, the smallest first, stand for the run's case-file index."""
     failing = [line for _, line in gathered.lines if run_report.item_outcome(line) in _FAILING]
-    index = sorted(({"nodeid": line["nodeid"], "path": line["case_file"], "error": line.get("error") or ""}
+    index = sorted(({"nodeid": line["nodeid"], "path": line["case_file"], "error": line.get("error") or "",
+                     "claim": line.get("claim")}
                     for line in failing if line.get("case_file")),
                    key=lambda entry: (_size(entry["path"]), entry["nodeid"]))
     return causes.failures_of_run(index, [line["nodeid"] for line in failing], isolated=isolated, knobs=knobs)
@@ -202,7 +202,7 @@ def joined_host_causes(gathered: Gathered, found: list[causes.Failure]) -> dict:
                 by_needs[key] = cause
     grouped = {prop for cause in joined for prop in cause["properties"]}
     rest = [failure for failure in found if failure.prop not in grouped]
-    idle = causes.Prober(impl=None, device=None, contract="", claim_for=claims.claim_for, stopped=NOT_PROBED)
+    idle = causes.Prober(impl=None, device=None, contract="", stopped=NOT_PROBED)
     alone = causes.grouped(rest, idle)["causes"] if rest else []
     return {"causes": joined + alone,
             "probes": {"tried": [], "used": 0, "limit": 0, "seconds": 0.0, "seconds_limit": 0.0,
@@ -237,8 +237,7 @@ def probed_causes(gathered: Gathered, impl_spec: str, device: str, contract: str
     impl = guarded_impl(target, guard, lambda args, kwargs: None, knobs.KnobDraws(target.knobs), isolated=isolated)
     release = torch.cuda.empty_cache if where.type == "cuda" else (lambda: None)
     found = failures(gathered, isolated, tuple(target.knobs))
-    prober = causes.Prober(impl, where, contract, claims.claim_for, claims.decided_by_draws,
-                           budget=causes.Budget.for_failures(len(found)), release=release)
+    prober = causes.Prober(impl, where, contract, budget=causes.Budget.for_failures(len(found)), release=release)
     try:
         return causes.grouped(found, prober)
     finally:

@@ -30,10 +30,10 @@ from typing import Any
 from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine.examples import example_targets, property_name
 from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, StageClock, summarise
 from gqa_decode_fuzz.record import causes, mps
 from gqa_decode_fuzz.record.casefiles import replay_command
-from gqa_decode_fuzz.runner.shards import example_targets, property_name
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "warm_up", "write_report"]
 
@@ -144,7 +144,7 @@ class ItemCounter:
         each that fails and the targets it reported.
 
         Counted here rather than through Hypothesis's observability callbacks: those describe every
-        test case in full and cost about 10 ms an example, more than the rest of the suite's work.
+        test case in full and cost more than the rest of the suite's work (docs/gpu.md section 14).
         An example rejected by ``assume`` is not counted.
         """
 
@@ -171,14 +171,16 @@ class ItemCounter:
 
     def flush(self, directory: Path, worker: str, seconds: float, gpu: str | None = None, *,
               outcome: str | None = None, tier: str | None = None, case_file: str | os.PathLike | None = None,
-              error: str | None = None, started: float | None = None, definition: str | None = None) -> None:
+              error: str | None = None, started: float | None = None, definition: str | None = None,
+              claim: str | None = None) -> None:
         """Append the current item's tally to this process's part file, with the worker, its GPU and the outcome.
 
         ``outcome`` is one of ``OUTCOMES`` (None: inferred at merge from the failing examples); ``tier`` the
         contract tier that ran; ``case_file`` the saved counterexample; ``error`` the failure message (only its
         first line is kept); ``started`` the item's start in epoch seconds (default: now minus ``seconds``);
-        ``definition`` the definition it ran under. The part file is named by host (``host_tag``), worker and
-        process, so parts of one sweep's hosts never collide where they are gathered.
+        ``definition`` the definition it ran under; ``claim`` its property's claim (a reference, ``module:name``).
+        The part file is named by host (``host_tag``), worker and process, so parts of one sweep's hosts never
+        collide where they are gathered.
         An item that built no case is not written, unless it has an outcome other than "passed" (a skipped,
         stopped or crashed item may build none).
         """
@@ -191,7 +193,7 @@ class ItemCounter:
         line = {**tally.as_json(), "worker": worker, "gpu": gpu, "outcome": outcome, "tier": tier,
                 "case_file": None if case_file is None else str(case_file), "error": _first_line(error),
                 "started": time.time() - seconds if started is None else started, "host": host_tag(),
-                "definition": definition}
+                "definition": definition, "claim": claim}
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / f"parts-{host_tag()}-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
             part.write(json.dumps(line) + "\n")

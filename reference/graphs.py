@@ -1,7 +1,7 @@
 """Fixed-shape functions replayed as CUDA graphs: one launch where there were a hundred.
 
 The oracle and its bound are about a hundred small float64 kernels per example. Alone on
-a GPU their cost is the host's dispatch (about 2 ms); where several processes share a GPU
+a GPU their cost is the host's dispatch (docs/gpu.md section 17); where several processes share a GPU
 by time-slicing, every launch is also a turn on the device. A CUDA graph replays all of
 them with one launch. A graph runs on the buffers it was captured with, so each input
 shape gets its own graph and its own input buffers, which the caller fills before every

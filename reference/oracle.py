@@ -31,8 +31,8 @@ from .transfer import to_device
 # Padded float64 K (or V) elements per chunk: 2**25 * 8 bytes = 256 MiB.
 _CHUNK_ELEMENTS = 1 << 25
 # Graph shapes: token slots 16, 24, 32, 48, ... (padding at most 1.5x), sequences a power of 2; at most
-# 16 x 2048 slots (128 MiB of float64 K; on an H200 the 62 shapes of 600 default-size examples added about
-# 110 MiB to what torch reserved, docs/gpu.md section 19). Larger chunks run eagerly.
+# 16 x 2048 slots (128 MiB of float64 K), so the graphs' buffers stay small beside torch's (docs/gpu.md section 19).
+# Larger chunks run eagerly.
 _SHORTEST_SLOTS = 16
 _GRAPHED_TOKENS = 16 * 2048
 

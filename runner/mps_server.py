@@ -1,8 +1,7 @@
 """The run's own MPS server: workers that share a GPU run their kernels side by side, not in turns.
 
-Time-sliced, the eight workers on an H200 take turns on it and each read-back waits 4 to 5 ms for a
-turn; under an MPS server their kernels run side by side (1 to 2 ms): the plain command's tests ran at
-496 examples/s against 329, and long runs at 2.5x (docs/gpu.md sections 17 and 19). So an xdist
+Time-sliced, the workers sharing a GPU take turns on it and each read-back waits for a turn; under an MPS server
+their kernels run side by side, and the suite runs faster (docs/gpu.md sections 17 and 19). So an xdist
 controller whose workers share a GPU starts an MPS control daemon of its own (``--mps=auto``, the
 default) before it starts them:
 
@@ -37,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .gpus import MPS_PIPE_ENV
+from gqa_decode_fuzz.engine.devices import MPS_PIPE_ENV
 
 CONTROL = "nvidia-cuda-mps-control"
 PREFIX = "gqa-decode-mps-"  # the temporary folder of each run's server
@@ -199,7 +198,7 @@ def start(gpu_ids: Sequence[str], *, can_leave: bool, control: str | None = None
           ) -> tuple[Server | None, str | None]:
     """Start a private MPS control daemon and prove it serves ``gpu_ids``: the server, or None and why not.
 
-    ``can_leave``: the GPUs also take processes outside it (``gpus.shared_compute_mode``); ``control`` is the
+    ``can_leave``: the GPUs also take processes outside it (``devices.shared_compute_mode``); ``control`` is the
     daemon's executable (default: ``nvidia-cuda-mps-control`` on ``PATH``); ``check`` the proof (default
     ``probe``), a stand-in in the suite's own tests.
     """

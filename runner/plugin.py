@@ -10,7 +10,7 @@ stage owned by one module:
   -> case file (``casefiles``) -> run report (``run_report``) -> replay (``record.repro``).
 
 An xdist controller whose workers share a GPU starts an MPS server of the run's own for them
-(``mps_server``, ``--mps``). Under MPS (``gpus.mps_control_pipe``) a crash is believed only once its
+(``mps_server``, ``--mps``). Under MPS (``devices.mps_control_pipe``) a crash is believed only once its
 case file, replayed alone at the end of the run, faults again (``mps``).
 
 Importing this module imports neither torch nor Triton nor the implementation, so that an xdist
@@ -45,7 +45,7 @@ import pytest
 from hypothesis import settings
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker
 
-from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine import devices, examples, isolation
 from gqa_decode_fuzz.engine.target import (
     DEFAULT_IMPL,
     DeviceError,
@@ -57,6 +57,7 @@ from gqa_decode_fuzz.engine.target import (
     resolve_device,
 )
 from gqa_decode_fuzz.record import mps
+from gqa_decode_fuzz.reference import definitions
 
 from . import mps_server, profiles, shards
 
@@ -185,38 +186,24 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class RunState:
-    """What this run tests, where, to which tier, and where its failures and report go."""
+    """What this run tests, where, to which tier, and where its failures and report go: its ``plan`` (the tier, the
+    run id, the worker, ...) with what loading torch and the implementation settled."""
 
+    plan: RunPlan
     target: Target
     definitions: tuple  # reference.definitions.Definition, each property runs once per each
     device: torch.device
-    contract: str  # "correct" or "strict"
-    sizes: str
     limits: SizeLimits
-    run_id: str
     failures_dir: Path
     failures_budget: ArtifactBudget
     report_dir: Path | None  # None: no run report
-    worker: str | None  # the xdist worker id, None outside xdist workers
-    controller: bool
-    claims_dir: Path
-    workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the central property
-    isolated: bool = False  # the implementation runs in a child process (``isolation``)
-    deadline: float | None = None  # --time-budget: no test starts after this time.time()
+    workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the property marked ``workloads``
 
 
 PLAN = pytest.StashKey[RunPlan]()
 RUN = pytest.StashKey[RunState]()
 WORKER_DEVICE_KEY = "gqa_decode_device"  # xdist workerinput: the device the controller resolved
 SUITE_RUN = "gqa-decode-run"  # the name the SuiteRun object is registered under
-_active: RunState | None = None  # for test modules, which build their strategies when imported
-
-
-def current_run() -> RunState:
-    """The run being configured or collected; fails clearly outside pytest."""
-    if _active is None:
-        raise RuntimeError("the property suite's run state is set by its pytest plugin; run it through pytest")
-    return _active
 
 
 def _xdist_role(config: pytest.Config) -> SimpleNamespace:
@@ -277,7 +264,7 @@ def _run_plan(config: pytest.Config) -> RunPlan:
             os.environ[DEADLINE_ENV] = repr(deadline)
         os.environ[CLAIMS_DIR_ENV] = str(claims_dir)
         if device == "cuda":
-            ids = gpus.visible_gpu_ids(gpus.cuda_device_count())
+            ids = gpus.visible_gpu_ids(devices.cuda_device_count())
             made += (gpus.export_gpus(ids, gpus.workers_per_gpu(option.workers_per_gpu, len(ids))),)
             if _starts_workers(config):
                 server, no_server = _own_mps_server(option.mps, ids, option.numprocesses or 0)
@@ -310,7 +297,7 @@ def _isolated(option: argparse.Namespace) -> bool:
 def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, definition: Any) -> Target:
     """The implementation: imported here, or (isolated) in a child process that reports its declarations.
     ``definition``: the one ``--definition`` names, if any (a Solution file for another is refused)."""
-    from gqa_decode_fuzz.engine.isolated_impl import load_target_for
+    from gqa_decode_fuzz.engine.isolated_impl import load_target_for  # torch: after the workers start
 
     option = config.option
     return load_target_for(plan.spec, config.rootpath, device.type, definition, isolated=plan.isolated,
@@ -321,9 +308,9 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
     """An xdist controller on CUDA: start the run's own MPS server where ``mps_server`` says so, and name it to
     the workers it is about to start; the server, or None and why starting one failed (None where the run
     wants none)."""
-    if mps_server.why_not(mode, gpu_ids, workers, gpus.mps_control_pipe()) is not None:
+    if mps_server.why_not(mode, gpu_ids, workers, devices.mps_control_pipe()) is not None:
         return None, None
-    server, trouble = mps_server.start(gpu_ids, can_leave=gpus.shared_compute_mode())
+    server, trouble = mps_server.start(gpu_ids, can_leave=devices.shared_compute_mode())
     if server is not None:
         os.environ.update(server.environ())
     return server, trouble
@@ -331,8 +318,8 @@ def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_se
 
 def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     """The plan with torch's device and the loaded implementation; a usage error where either fails."""
-    from gqa_decode_fuzz.record.casefiles import ArtifactBudget
-    from gqa_decode_fuzz.reference import definitions
+    from gqa_decode_fuzz.record.casefiles import ArtifactBudget  # torch: after the workers start
+
     option = config.option
     try:
         # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
@@ -353,13 +340,11 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
     workload_cases = _workload_cases(option.workloads, config.rootpath, chosen)
     report = option.run_report
     return RunState(
-        target=target, definitions=chosen, device=device, contract=plan.contract, sizes=plan.sizes,
-        limits=profiles.CASE_SIZES[plan.sizes],
-        run_id=plan.run_id, failures_dir=config.rootpath / option.failures_dir,
+        plan=plan, target=target, definitions=chosen, device=device, limits=profiles.CASE_SIZES[plan.sizes],
+        failures_dir=config.rootpath / option.failures_dir,
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
-        report_dir=None if report == "none" else config.rootpath / report / plan.run_id, worker=plan.worker,
-        controller=plan.controller, claims_dir=plan.claims_dir, workload_cases=workload_cases,
-        isolated=plan.isolated, deadline=plan.deadline,
+        report_dir=None if report == "none" else config.rootpath / report / plan.run_id,
+        workload_cases=workload_cases,
     )
 
 
@@ -377,7 +362,7 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
     """``--workloads``' lines as cases of the run's one definition; a usage error naming what cannot be built."""
     if not spec:
         return ()
-    from gqa_decode_fuzz.generation import workloads
+    from gqa_decode_fuzz.generation import workloads  # torch: after the workers start
 
     if len(chosen) != 1:
         raise pytest.UsageError(f"--workloads={spec!r}: a workload file belongs to one definition; --definition "
@@ -391,14 +376,12 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
 
 def _start(config: pytest.Config) -> SuiteRun:
     """Load the implementation (and with it torch) and register the run's ``SuiteRun``."""
-    global _active
-    from .suite_run import SuiteRun
+    from .suite_run import SuiteRun  # torch: after the workers start
 
     state = _run_state(config, config.stash[PLAN])
-    if state.controller and state.isolated:  # it runs no test: its child only told the declarations
+    if state.plan.controller and state.plan.isolated:  # it runs no test: its child only told the declarations
         state.target.function.close()
     config.stash[RUN] = state
-    _active = state
     run = SuiteRun(config, state, PIN)
     config.pluginmanager.register(run, SUITE_RUN)
     return run
@@ -421,6 +404,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pool: a claim about the page pool; skipped for ragged K and V")
     config.addinivalue_line("markers", "destination_passing: a claim about destination-passing calls; skipped for "
                                        "an implementation that returns its results")
+    config.addinivalue_line("markers", "claim(reference): the claim a property checks ('module:name'); put there by "
+                                       "properties.claims.property_claim, required of every test in the suite")
+    config.addinivalue_line("markers", "workloads(argument): each --workloads case becomes an explicit example of "
+                                       "this property, given as its argument named so")
     config.stash[PLAN] = _run_plan(config)
     if not _starts_workers(config):
         _start(config)
@@ -431,7 +418,7 @@ def pytest_configure_node(node) -> None:
     """xdist controller: every worker runs on the device this run resolved (see ``_run_plan``), and is told
     whether it started inside an MPS server (its environment was just copied from this process's)."""
     node.workerinput[WORKER_DEVICE_KEY] = node.config.stash[PLAN].device
-    node.workerinput[mps.WORKER_UNDER_MPS] = gpus.mps_control_pipe() is not None
+    node.workerinput[mps.WORKER_UNDER_MPS] = devices.mps_control_pipe() is not None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -450,7 +437,7 @@ def pytest_testnodedown(node, error: object | None) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     plan = config.stash[PLAN]
     run = config.stash.get(RUN, None)
-    pipe = gpus.mps_control_pipe()
+    pipe = devices.mps_control_pipe()
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
             f"gqa-decode: definition={_definition_names(config, run)}",
@@ -485,8 +472,6 @@ def pytest_collection(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _active
-    _active = None
     plan = config.stash.get(PLAN, None)
     if plan is not None and plan.mps_server is not None:
         trouble = plan.mps_server.stop()  # after the crash replays (sessionfinish), which may need it
@@ -515,7 +500,7 @@ def device(pytestconfig: pytest.Config) -> torch.device:
 @pytest.fixture(scope="session")
 def contract(pytestconfig: pytest.Config) -> str:
     """The contract tier the implementation is held to: "correct" or "strict"."""
-    return pytestconfig.stash[RUN].contract
+    return pytestconfig.stash[RUN].plan.contract
 
 
 @pytest.fixture(scope="session")
@@ -528,7 +513,7 @@ def impl(pytestconfig: pytest.Config) -> Callable:
 def suite_definition(request: pytest.FixtureRequest):
     """The definition this test item runs under (a parameter where the run names several): cases are drawn and
     built for it, and the implementation is bound to it, while the item runs."""
-    from gqa_decode_fuzz.generation import cases
+    from gqa_decode_fuzz.generation import cases  # torch: after the workers start
 
     run = request.config.stash.get(RUN, None)
     definition = getattr(request, "param", None) or (run.definitions[0] if run is not None else None)
@@ -540,6 +525,20 @@ def suite_definition(request: pytest.FixtureRequest):
 
 
 @pytest.fixture(autouse=True)
+def suite_limits(request: pytest.FixtureRequest):
+    """The run's case-size limits, which the properties' strategies (``strategies.run_sized``) draw within while the
+    item runs."""
+    from gqa_decode_fuzz.generation import sizes
+
+    run = request.config.stash.get(RUN, None)
+    if run is None:
+        yield None
+        return
+    with sizes.using_limits(run.limits):
+        yield run.limits
+
+
+@pytest.fixture(autouse=True)
 def hypothesis_shard(request: pytest.FixtureRequest):
     """This property's shard (None when unsharded); applies its share of examples and its seed."""
     shard = getattr(request, "param", None)
@@ -547,7 +546,7 @@ def hypothesis_shard(request: pytest.FixtureRequest):
         yield shard
         return
     with shards.sharded(
-        request.function, shards.property_name(request.node.nodeid), shard=shard,
+        request.function, examples.property_name(request.node.nodeid), shard=shard,
         profile_max_examples=settings.default.max_examples, max_examples=request.config.option.max_examples,
         forced_seed=request.config.getoption("hypothesis_seed", None),
     ):
@@ -570,7 +569,7 @@ def large_allocation():
 
     import torch
 
-    from .suite_run import release_frames
+    from .suite_run import release_frames  # torch: after the workers start
 
     @contextlib.contextmanager
     def turn():

@@ -3,10 +3,8 @@ tells it to and then tearing its interpreter down.
 
 The xdist controller, at its session's end, waits for every worker process to exit. An ordinary worker exit only
 starts once the controller has heard the last worker finish and sent its ``GATEWAY_TERMINATE``, and then, with
-torch and Triton loaded, spends about 0.6 s (an idle CPU) finalising modules and objects after its last exit handler.
-On a 2-core CPU host (``benchmarks/throughput.py startup``, medians of 5) xdist waited 1.07 s for its two workers'
-processes after the last of them finished, 0.28 s with this; the last test to pytest's exit went from 2.06 to 1.23 s
-(3.60 to 2.94 s for the whole suite with its run report, which then takes most of what is left).
+torch and Triton loaded, spends a noticeable part of a second finalising modules and objects after its last exit
+handler; the figures, ``benchmarks/throughput.py startup``: docs/gpu.md section 19.
 
 Once a worker's ``pytest_cmdline_main`` has returned, its session has ended (its ``workerfinished`` message, with
 everything xdist reports, has been written to the controller), its plugins are unconfigured and pytest's clean-ups
@@ -27,13 +25,10 @@ thread that is not a daemon still runs (the interpreter would wait for it); or w
 Every process of the run (controller, workers, a run without xdist) also moves the objects it holds when its test
 loop starts (torch, Triton, Hypothesis and the collected suite: some 200,000) into the garbage collector's permanent
 generation (``gc.freeze``), unless something else froze objects first. pytest's unraisable-exception plugin runs a
-full collection twice at the end of every session (0.12 s each with torch loaded, on the 2-core host), and the
-interpreter one now and then during the tests (a single process: 4 during 8 s of tests, 0.3 s); frozen, they skip
-what was there before the first test, and still collect what the tests left (so pytest still reports an exception
-raised in a ``__del__`` of theirs). Before an ordinary exit the objects are unfrozen: the interpreter's teardown
-then frees them as before (frozen, Triton's bindings would report them as leaked). Measured with the prompt exit
-(``throughput.py startup``, medians of 5): last test to exit 1.23 -> 0.81 s, of which 0.76 s is now the
-controller's own interpreter teardown (the whole suite with its run report: 2.94 -> 2.74 s, 1.6 s of it the report).
+full collection twice at the end of every session, and the interpreter one now and then during the tests; frozen,
+they skip what was there before the first test, and still collect what the tests left (so pytest still reports an
+exception raised in a ``__del__`` of theirs). Before an ordinary exit the objects are unfrozen: the interpreter's
+teardown then frees them as before (frozen, Triton's bindings would report them as leaked).
 """
 
 from __future__ import annotations

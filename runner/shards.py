@@ -12,8 +12,8 @@ in the run's directory); its siblings stop drawing examples (they end as skipped
 shrinking it again. So a wrong kernel gives one FAILED line, one shrunk
 counterexample and one case file per property, however many shards ran it.
 
-This module is the one place that knows the shard id format and touches
-Hypothesis's private attributes (settings, seed and database digest of a test).
+This module and ``engine/examples.py`` (the shard id format, the running example) are the
+places that touch Hypothesis's private attributes (settings, seed and database digest of a test).
 """
 
 from __future__ import annotations
@@ -23,46 +23,21 @@ import functools
 import hashlib
 import math
 import os
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.errors import HypothesisException
 
+from gqa_decode_fuzz.engine.examples import Shard, property_name
+
 __all__ = [
-    "FailureClaims", "Shard", "generates_examples", "in_suite", "is_hypothesis_test", "is_property", "property_name",
-    "share_database_key", "sharded",
+    "FailureClaims", "generates_examples", "in_suite", "is_hypothesis_test", "is_property", "profile_name",
+    "resolved_shard_count", "share_database_key", "shard_settings", "sharded", "wrapping_examples",
 ]
 
-PROPERTY_SUITE = Path(__file__).resolve().parent.parent  # properties/: the tests that are split into shards
-
-_SHARD_ID = re.compile(r"shard(\d+)of(\d+)")
-_SHARD_PARAMETER = re.compile(r"\[shard\d+of\d+\]$|(?<=\[)shard\d+of\d+-|-shard\d+of\d+(?=\])")
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Shard ``index`` (from 0) of ``count``."""
-
-    index: int
-    count: int
-
-    def __str__(self) -> str:
-        return f"shard{self.index + 1}of{self.count}"
-
-    @classmethod
-    def in_nodeid(cls, nodeid: str) -> Shard | None:
-        """The shard a test item's node id names, if any."""
-        found = _SHARD_ID.search(nodeid)
-        return cls(int(found[1]) - 1, int(found[2])) if found else None
-
-
-def property_name(nodeid: str) -> str:
-    """The property a test item belongs to: its node id without the shard parameter."""
-    return _SHARD_PARAMETER.sub("", nodeid)
+PROPERTY_SUITE = Path(__file__).resolve().parent.parent / "properties"  # the tests that are split into shards
 
 
 def resolved_shard_count(option: int | str) -> int:
@@ -216,41 +191,6 @@ def wrapping_examples(item: pytest.Item, wrap) -> Iterator[None]:
         yield
     finally:
         handle.inner_test = inner
-
-
-def running_example() -> object | None:
-    """The running Hypothesis example's build context, or None outside one and in an explicit ``@example``
-    (whose data holds no choices: a draw there would overrun)."""
-    from hypothesis.control import current_build_context
-
-    try:
-        context = current_build_context()
-    except Exception:  # noqa: BLE001 - outside a Hypothesis test
-        return None
-    return None if getattr(context.data, "max_choices", None) == 0 else context
-
-
-def final_example() -> bool:
-    """Whether the running example is one Hypothesis reports (an explicit ``@example``, or the shrunk failure
-    run once more at the end), not one of the search or the shrink."""
-    from hypothesis.control import current_build_context
-
-    try:
-        return bool(current_build_context().is_final)
-    except Exception:  # noqa: BLE001 - outside a Hypothesis test
-        return False
-
-
-def example_targets() -> dict[str, float]:
-    """The ``target()`` scores the running example reported so far, by label (empty outside an example)."""
-    example = running_example()
-    observations = getattr(getattr(example, "data", None), "target_observations", None) or {}
-    return {str(label): float(score) for label, score in observations.items()}
-
-
-def draw_in(example: object, strategy, label: str):
-    """Draw from ``strategy`` inside ``example`` (as ``st.data()`` does): the value shrinks and replays with it."""
-    return example.data.draw(strategy, label=label)
 
 
 def profile_name() -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import math
 import os
 import threading
 import time
@@ -22,10 +21,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from hypothesis import example
 from hypothesis.errors import HypothesisException
 
-from gqa_decode_fuzz.engine import isolation, knobs
+from gqa_decode_fuzz.engine import devices, examples, isolation, knobs
 from gqa_decode_fuzz.engine.containment import CudaContextLost, Guard, is_sticky_cuda_error
+from gqa_decode_fuzz.engine.guarded import guarded_impl
 from gqa_decode_fuzz.engine.target import WAIVERS, Target
 from gqa_decode_fuzz.generation import cases, stages
 from gqa_decode_fuzz.record import casefiles, causes, mps, run_report
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
     from .plugin import RunState
 
 INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
+CLAIM_MARKER = "claim"  # ``property_claim``'s marker: its one argument is the test's claim, as a reference
 
-__all__ = ["INFRASTRUCTURE", "SuiteRun", "guarded_impl", "release_frames"]
+__all__ = ["CLAIM_MARKER", "INFRASTRUCTURE", "SuiteRun", "UndeclaredClaim", "declared_claim", "release_frames"]
 
 
 def release_frames(error: BaseException | None) -> None:
@@ -66,6 +68,42 @@ class _SeenFailure:
     error: str
 
 
+class UndeclaredClaim(BaseException):  # noqa: N818 - reads as what happened
+    """A property's body called a claim other than the one its test declares (``property_claim``): a defect of the
+    test, not of the implementation. A BaseException, so Hypothesis neither shrinks nor retries it."""
+
+
+def declared_claim(item: pytest.Item) -> str | None:
+    """The claim (its reference) a test item declares with ``property_claim`` (the ``claim`` marker), or None."""
+    marker = item.get_closest_marker(CLAIM_MARKER)
+    return str(marker.args[0]) if marker is not None and marker.args else None
+
+
+def _check_declared_claims(collector: pytest.Collector, items: object) -> None:
+    """Every test function collected from the property suite's files declares its claim, else collection fails
+    naming it."""
+    if not isinstance(items, list) or not shards.in_suite(collector.path):
+        return
+    for item in items:
+        if isinstance(item, pytest.Function) and declared_claim(item) is None:
+            raise pytest.Collector.CollectError(
+                f"{item.nodeid}: a property declares the claim its body checks, and this one declares none: put "
+                "@property_claim(claims.<its claim>) (gqa_decode_fuzz.properties.claims) above its @given")
+
+
+def _add_workload_examples(metafunc: pytest.Metafunc, workload_cases: tuple) -> None:
+    """A property marked ``workloads(argument)``: each of the run's ``--workloads`` cases an explicit example of it
+    (run before anything is generated), given as ``argument``; once per test function."""
+    marker = metafunc.definition.get_closest_marker("workloads")
+    function = metafunc.function
+    if marker is None or not workload_cases or getattr(function, "_gqa_decode_workloads", False):
+        return
+    (argument,) = marker.args
+    for case in workload_cases:
+        function = example(**{argument: case})(function)
+    function._gqa_decode_workloads = True
+
+
 def _infrastructure_error(report: pytest.TestReport) -> bool:
     return any(name == INFRASTRUCTURE for name, _ in getattr(report, "user_properties", ()))
 
@@ -83,43 +121,6 @@ def _outcome(report: pytest.TestReport) -> str:
         said = str(report.longrepr)
         return "stopped" if "stopped:" in said else "unstarted" if run_report.UNSTARTED in said else "skipped"
     return report.outcome
-
-
-def _as_declared(target: Target, function: Callable) -> Callable:
-    """``function`` whose LSE is None exactly when the target declares ``returns_lse = False``, and whose
-    empty sequences' rows read as the contract's (0, -inf) when it waives ``empty_sequences``."""
-
-    @functools.wraps(function)
-    def call(*args, **kwargs):
-        output, lse = function(*args, **kwargs)
-        if target.returns_lse and lse is None:
-            raise AssertionError(f"{target.spec} returned lse=None; an implementation without a final LSE "
-                                 "declares returns_lse = False")
-        lse = lse if target.returns_lse else None
-        if "empty_sequences" in target.waives and isinstance(output, torch.Tensor):
-            indptr = kwargs["kv_indptr"] if "kv_indptr" in kwargs else args[3]
-            empty = (indptr[1:] == indptr[:-1]).to(output.device)
-            output = torch.where(empty[:, None, None], 0.0, output).to(output.dtype)
-            lse = None if lse is None else torch.where(empty[:, None], -math.inf, lse)
-        return output, lse
-
-    return call
-
-
-def guarded_impl(target: Target, guard: Guard, on_call: Callable[[tuple, dict], None], knob_draws: knobs.KnobDraws,
-                 *, isolated: bool) -> Callable:
-    """``target`` bound to the active definition, as declared, each call reported to ``on_call`` and its faults
-    contained by ``guard``, its knobs drawn, its time counted as the kernel stage: what a run's tests and its
-    root-cause probes call, and what ``report_merge`` probes a merged report's failures with."""
-
-    @functools.wraps(target.function)
-    def in_active_definition(*args, **kwargs):
-        return target.serving(cases.active_definition())(*args, **kwargs)
-
-    # The knobs outside the recorder: each recorded call holds the values it ran with, so a case file replays
-    # them and the root-cause probes take them.
-    guarded = guard.wrap(_as_declared(target, in_active_definition), on_call, settles=not isolated)
-    return stages.timed("kernel", knob_draws.applied_to(guarded))
 
 
 def _solution_record(target: Target) -> dict | None:
@@ -160,13 +161,13 @@ class SuiteRun:
         self.started: dict[str, float] = {}
         self.outcomes: dict[str, dict] = {}  # per item: outcome, case file, error (for the run report)
         self.guard = Guard(state.device, save=self._save_after_fault, nodeid=lambda: self.recorder.nodeid,
-                           in_worker=state.worker is not None, replay=casefiles.replay_command)
+                           in_worker=state.plan.worker is not None, replay=casefiles.replay_command)
         self.shard_count = shards.resolved_shard_count(config.option.shards)
-        self.claims = shards.FailureClaims(state.claims_dir)
+        self.claims = shards.FailureClaims(state.plan.claims_dir)
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
         self.report_warm_up: threading.Thread | None = None
         self.report_writer: _InThread | None = None
-        self.mps_pipe = gpus.mps_control_pipe()
+        self.mps_pipe = devices.mps_control_pipe()
         self.crashes: dict[str, str | None] = {}  # crashes under MPS this process reports: node id -> case file
         self.replays: list[mps.Replay] = []
         self.failed_nodeids: list[str] = []  # every failing item this process heard of (its own, or its workers')
@@ -175,16 +176,18 @@ class SuiteRun:
         self.probing = False  # replaying claims after the run: a fault then saves no case file
         self.seen_failure: _SeenFailure | None = None  # the running item's last failing example
         self.reported_records: dict[int, casefiles.Recorder] = {}  # id of a reported example's error -> its record
+        self.declared_claim: str | None = None  # the running item's claim, where it is a property
         cases.add_build_observer(self.recorder.note_build)
         cases.add_claim_observer(self.recorder.note_claim)
+        cases.add_claim_observer(self.check_claim)
         # What each test item builds, how far it got and where its time went.
         synchronize = torch.cuda.synchronize if state.device.type == "cuda" else None
         self.counter = run_report.ItemCounter(stages.StageClock(synchronize=synchronize))
         stages.install(self.counter.clock)
         cases.add_build_observer(self.counter.observe_case)
-        self.is_controller = state.controller
+        self.is_controller = state.plan.controller
         # The implementation's child process (``isolated_impl``), where it runs in one.
-        self.isolated = state.target.function if state.isolated and not state.controller else None
+        self.isolated = state.target.function if state.plan.isolated and not state.plan.controller else None
         if not self.is_controller:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
@@ -194,7 +197,7 @@ class SuiteRun:
         """The implementation under test as the ``impl`` fixture gives it: its calls recorded, its knobs drawn,
         its faults contained, its time counted as the kernel stage."""
         return guarded_impl(self.state.target, self.guard, self.recorder.note_call, self.knob_draws,
-                            isolated=self.state.isolated)
+                            isolated=self.state.plan.isolated)
 
     # ---- session -------------------------------------------------------------------------------
 
@@ -203,6 +206,7 @@ class SuiteRun:
             self.isolated.close()
         cases.remove_build_observer(self.recorder.note_build)
         cases.remove_claim_observer(self.recorder.note_claim)
+        cases.remove_claim_observer(self.check_claim)
         cases.remove_build_observer(self.counter.observe_case)
         stages.uninstall()
 
@@ -216,7 +220,7 @@ class SuiteRun:
         reasons = {
             "gpu": "needs a CUDA device (kernel runs in the Triton interpreter)" if self.state.device.type != "cuda"
             else None,
-            "strict": "a strict-tier claim (--contract=strict)" if self.state.contract != "strict" else None,
+            "strict": "a strict-tier claim (--contract=strict)" if self.state.plan.contract != "strict" else None,
             "destination_passing": "the implementation returns its results (not destination-passing)"
             if not self.state.target.destination_passing_style else None,
             **{name: f"the implementation waives {name}: {WAIVERS[name]}" if name in self.state.target.waives
@@ -246,6 +250,19 @@ class SuiteRun:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object):
+        items = yield
+        _check_declared_claims(collector, items)
+        return items
+
+    def check_claim(self, case: object, draws: dict, claim: str) -> None:
+        """A claim observer: the running property calls the claim it declares, else ``UndeclaredClaim``."""
+        declared = self.declared_claim
+        if declared is not None and claim != declared:
+            raise UndeclaredClaim(f"{self.recorder.nodeid} declares @property_claim({declared}) but its body calls "
+                                  f"the claim {claim}: declare the claim it checks")
+
     def _definition_of(self, item: pytest.Item):
         """The definition ``item`` runs under: its parameter where the run names several, else the run's one."""
         callspec = getattr(item, "callspec", None)
@@ -258,6 +275,7 @@ class SuiteRun:
         function = metafunc.function
         if not shards.is_property(function, metafunc.definition.path):
             return
+        _add_workload_examples(metafunc, self.state.workload_cases)
         chosen = self.state.definitions
         if len(chosen) > 1:
             metafunc.parametrize("suite_definition", chosen, indirect=True, ids=[d.name for d in chosen])
@@ -265,7 +283,7 @@ class SuiteRun:
             return
         if not shards.generates_examples(function):
             return
-        metafunc.parametrize("hypothesis_shard", [shards.Shard(i, self.shard_count) for i in range(self.shard_count)],
+        metafunc.parametrize("hypothesis_shard", [examples.Shard(i, self.shard_count) for i in range(self.shard_count)],
                              indirect=True, ids=str)
 
     @pytest.hookimpl(hookwrapper=True, trylast=True)
@@ -297,7 +315,7 @@ class SuiteRun:
                 failed = not isinstance(error, HypothesisException)  # not assume() and its kin
                 if failed:
                     self.seen_failure = _SeenFailure(copy.copy(self.recorder), f"{type(error).__name__}: {error}")
-                if not shards.final_example():
+                if not examples.final_example():
                     release_frames(error)
                 elif failed:  # Hypothesis reports this one (several, for failing @examples)
                     self.reported_records[id(error)] = self.seen_failure.record
@@ -310,12 +328,14 @@ class SuiteRun:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self.seen_failure, self.reported_records = None, {}
-        self.recorder.begin(item.nodeid)
+        self.declared_claim = declared_claim(item) if shards.in_suite(item.path) else None
+        self.recorder.begin(item.nodeid, self.declared_claim)
         self.counter.begin(item.nodeid)
         if self.isolated is not None and self.isolated.share is not None:
             self.isolated.share.begin_item()
         self.started[item.nodeid] = time.perf_counter()
-        if self.state.deadline is not None and time.time() > self.state.deadline and shards.in_suite(item.path):
+        deadline = self.state.plan.deadline
+        if deadline is not None and time.time() > deadline and shards.in_suite(item.path):
             pytest.skip(f"{run_report.UNSTARTED} before it started")
 
     @pytest.hookimpl(hookwrapper=True)
@@ -336,9 +356,9 @@ class SuiteRun:
         if call.when == "teardown" and self.state.report_dir is not None and shards.is_property(
                 getattr(item, "obj", None), item.path):
             seconds = time.perf_counter() - self.started.pop(item.nodeid, time.perf_counter())
-            self.counter.flush(self.state.report_dir, self.state.worker or "main", seconds, gpu=self._gpu(),
-                             tier=self.state.contract, definition=self._definition_of(item).name,
-                             **self.outcomes.pop(item.nodeid, {}))
+            self.counter.flush(self.state.report_dir, self.state.plan.worker or "main", seconds, gpu=self._gpu(),
+                             tier=self.state.plan.contract, definition=self._definition_of(item).name,
+                             claim=declared_claim(item), **self.outcomes.pop(item.nodeid, {}))
 
     def _record_failure(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
         error = call.excinfo.value
@@ -348,7 +368,7 @@ class SuiteRun:
             report.sections.append(("gqa-decode case file", (self.guard.lost or str(error)).partition("\n")[2]))
             return
         sticky = is_sticky_cuda_error(error)
-        if sticky and self.state.worker:
+        if sticky and self.state.plan.worker:
             self.guard.contain(error)  # does not return
         obj = getattr(item, "obj", None)
         if not self.recorder.used or not (shards.is_hypothesis_test(obj) or shards.in_suite(item.path)):
@@ -388,11 +408,11 @@ class SuiteRun:
     def _save_case(self, error: str, hypothesis_output: str = "", device_readable: bool = True,
                    record: casefiles.Recorder | None = None) -> Path | None:
         state = self.state
-        if not state.failures_budget.allows(state.failures_dir, state.run_id):
+        if not state.failures_budget.allows(state.failures_dir, state.plan.run_id):
             return None
         return casefiles.save_case(
             state.failures_dir, record or self.recorder, error=error, impl_spec=state.target.spec, device=state.device,
-            profile=shards.profile_name(), run_id=state.run_id, hypothesis_output=hypothesis_output,
+            profile=shards.profile_name(), run_id=state.plan.run_id, hypothesis_output=hypothesis_output,
             device_readable=device_readable, solution=_solution_record(state.target),
         )
 
@@ -402,19 +422,19 @@ class SuiteRun:
         nodeid = self.recorder.nodeid or ""
         if self.probing:  # a probe of the run's causes: its case file is the failure's own, saved already
             return None
-        prop = shards.property_name(nodeid)
+        prop = examples.property_name(nodeid)
         if not self.claims.claim(prop, nodeid) and self.claims.owner(prop) != nodeid:
             return None
         path = self._save_case(error, device_readable=False)
         if path is None:
             raise RuntimeError(self._budget_note())
-        if self.state.worker is None:  # without xdist this process reports its own crash
+        if self.state.plan.worker is None:  # without xdist this process reports its own crash
             self.crashes[nodeid] = str(path)
         return path
 
     def _isolation_line(self) -> str:
         option = self.config.option
-        line = isolation.mode_line(self.state.isolated, option.isolation, option.sanitize)
+        line = isolation.mode_line(self.state.plan.isolated, option.isolation, option.sanitize)
         if self.isolated is not None and (self.isolated.restarts or self.isolated.share):
             line += f" ({self.isolated.calls} calls, {self.isolated.restarts} child restarts" + (
                 f", drawn examples sanitized/plain {self.isolated.share.counts['sanitized']}/"
@@ -430,14 +450,14 @@ class SuiteRun:
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
         """A worker died running ``crashitem``: add the case file it saved, if any, to the crash report."""
-        owner = self.claims.owner(shards.property_name(crashitem))
+        owner = self.claims.owner(examples.property_name(crashitem))
         if owner is not None and owner != crashitem:  # a sibling shard crashed first: it reports the property
             report.outcome = "skipped"
             report.longrepr = (str(crashitem), 0, f"Skipped: stopped: crashed too, but {owner} crashed first and "
                                                   "reports this property")
             self._report_crash(crashitem, "stopped")
             return
-        saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.run_id)
+        saved = [entry for entry in casefiles.runs_index(self.state.failures_dir, self.state.plan.run_id)
                  if entry["nodeid"] == crashitem]
         for entry in saved:
             report.longrepr = (f"{report.longrepr}\n{entry['error']}\ncase file {entry['path']}\n"
@@ -451,7 +471,7 @@ class SuiteRun:
         if self.state.report_dir is None:
             return
         self.counter.begin(nodeid)
-        self.counter.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.contract,
+        self.counter.flush(self.state.report_dir, "controller", 0.0, outcome=outcome, tier=self.state.plan.contract,
                          case_file=saved["path"] if saved else None,
                          error=saved["error"] if saved else "the worker running it died")
 
@@ -469,19 +489,16 @@ class SuiteRun:
     def _failures(self) -> list:
         """The run's failures, each with its case file (``causes.Failure``), as the report's process sees them."""
         state = self.state
-        return causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.run_id), self.failed_nodeids,
-                                      isolated=state.isolated, knobs=tuple(state.target.knobs))
+        return causes.failures_of_run(casefiles.runs_index(state.failures_dir, state.plan.run_id), self.failed_nodeids,
+                                      isolated=state.plan.isolated, knobs=tuple(state.target.knobs))
 
     def _find_causes(self, failures: list) -> dict:
         """``failures`` grouped into root causes by probing (``causes``), in the process that reports the run. No
         probes once the CUDA context is lost."""
         state = self.state
-        from gqa_decode_fuzz.properties import claims
-
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
-        prober = causes.Prober(self.guarded_impl(), state.device, state.contract, claims.claim_for,
-                               claims.decided_by_draws, budget=causes.Budget.for_failures(len(failures)),
-                               release=release)
+        prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract,
+                               budget=causes.Budget.for_failures(len(failures)), release=release)
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True
@@ -518,7 +535,7 @@ class SuiteRun:
             self.report_writer.join()
             return
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED and not session.shouldstop  # Ctrl-C: no replays
-        if self.mps_pipe and self.crashes and not self.state.worker and not interrupted:
+        if self.mps_pipe and self.crashes and not self.state.plan.worker and not interrupted:
             self._replay_crashes()
         self._write_report(probe=not interrupted)
 
@@ -532,7 +549,7 @@ class SuiteRun:
     def _write_report(self, probe: bool = True) -> None:
         if self.report_warm_up is not None:
             self.report_warm_up.join()  # matplotlib is not thread-safe: the report draws once it is done
-        if self.state.worker:
+        if self.state.plan.worker:
             return
         directory = self.state.report_dir
         writable = directory is not None and directory.is_dir()
@@ -550,12 +567,12 @@ class SuiteRun:
         if self.causes is not None:
             causes.save(directory, self.causes)
         isolation.save(directory, self._isolation_line())
-        self.report_path = run_report.write_report(directory, self.state.run_id)
+        self.report_path = run_report.write_report(directory, self.state.plan.run_id)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         state = self.state
         names = ", ".join(d.name for d in state.definitions)
-        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.contract}, impl {state.target.spec}, "
+        terminalreporter.write_sep("-", f"gqa-decode: contract tier {state.plan.contract}, impl {state.target.spec}, "
                                         f"definition {names}")
         terminalreporter.write_line(self._isolation_line())
         if self.unstarted:
@@ -568,7 +585,7 @@ class SuiteRun:
             terminalreporter.write_sep("=", f"gqa-decode: {found[0]} (root causes, grouped by probing)")
             for line in found[1:]:
                 terminalreporter.write_line(line)
-        saved = casefiles.runs_index(state.failures_dir, state.run_id)
+        saved = casefiles.runs_index(state.failures_dir, state.plan.run_id)
         if saved:
             terminalreporter.write_sep("=", "gqa-decode: failures saved as case files")
             for entry in saved:

@@ -9,6 +9,6 @@ import pytest
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config, specs) -> None:
-    imported = [name for name in ("torch", "triton", "kernel") if name in sys.modules]
+    imported = [name for name in ("torch", "triton", "gqa_decode_fuzz.kernel") if name in sys.modules]
     with open(os.environ["SPAWN_IMPORTS_LOG"], "w", encoding="utf-8") as log:
         log.write("".join(f"{name}\n" for name in imported) or "none\n")

@@ -4,9 +4,12 @@ In-process tests drive the experiment with torch implementations on tiny cases; 
 planted one-defect kernel (tests/impls/nonpositive_scale_nan.py) through the suite and reads its summary.
 """
 
+import dataclasses
+import importlib
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +18,8 @@ from gqa_decode_fuzz.engine.target import in_definition_order
 from gqa_decode_fuzz.generation.cases import DecodeCase, definitions
 from gqa_decode_fuzz.properties import claims
 from gqa_decode_fuzz.record import causes
-from gqa_decode_fuzz.record.causes import Budget, Failure, Prober, find_causes
+from gqa_decode_fuzz.record.causes import Budget, Failure, Prober
+from gqa_decode_fuzz.runner import shards
 from tests.corpus.materialise import seed_on_cpu
 from tests.impls.nonpositive_scale_nan import run as nonpositive_scale_nan
 from tests.impls.torch_float32 import run as torch_float32
@@ -57,8 +61,23 @@ def _failures():
 
 def _prober(impl, **budget):
     """Probes of ``impl`` (the seed definition's arguments), called as the suite calls it."""
-    return Prober(in_definition_order(impl, definitions.SEED), torch.device("cpu"), "correct", claims.claim_for,
-                  claims.decided_by_draws, budget=Budget(**budget))
+    return Prober(in_definition_order(impl, definitions.SEED), torch.device("cpu"), "correct", budget=Budget(**budget))
+
+
+def declared_claim(prop: str) -> str:
+    """The claim a property's test declares (``property_claim``), read from its module as a run records it."""
+    path, _, function = prop.partition("::")
+    module = importlib.import_module(f"gqa_decode_fuzz.properties.{Path(path).stem}")
+    test = getattr(module, shards.property_name(function).partition("[")[0])
+    (claim,) = [mark.args[0] for mark in test.pytestmark if mark.name == "claim"]
+    return claim
+
+
+def find_causes(failures: list[Failure], prober: Prober) -> list:
+    """``causes.find_causes`` on ``failures`` with a case, each with its property's declared claim, as a run's case
+    files give it."""
+    return causes.find_causes([dataclasses.replace(f, claim=declared_claim(f.nodeid)) if f.case is not None else f
+                               for f in failures], prober)
 
 
 def test_one_defect_seen_by_several_properties_is_one_cause():
@@ -117,24 +136,24 @@ def test_failures_of_run_reads_case_files_and_adds_caseless_failures(tmp_path):
     from gqa_decode_fuzz.record import casefiles
 
     recorder = casefiles.Recorder()
-    recorder.begin(f"{BOUND}[shard1of2]")
+    recorder.begin(f"{BOUND}[shard1of2]", claims.within_bound.reference)
     recorder.note_build(DecodeCase(lengths=(1,), scale=0.0), build(DecodeCase(lengths=(1,), scale=0.0)))
     path = casefiles.save_case(tmp_path, recorder, error="AssertionError: off", impl_spec="x:run",
                                device=torch.device("cpu"), profile="ci", run_id="r")
     recorder.begin("properties/test_metamorphic.py::test_repeating_a_call_gives_the_same_answer")
     first, second = DecodeCase(lengths=(2,), scale=0.0), DecodeCase(lengths=(3,))
-    recorder.note_claim(first, {"other": second})
+    recorder.note_claim(first, {"other": second}, claims.repeated.reference)  # declared none: the one it calls
     recorder.note_build(first, build(first))
     recorder.note_build(second, build(second))  # built last, but the claim is about the first
     repeated = casefiles.save_case(tmp_path, recorder, error="AssertionError: off", impl_spec="x:run",
                                    device=torch.device("cpu"), profile="ci", run_id="r")
     index = casefiles.runs_index(tmp_path, "r")
     failures = causes.failures_of_run(index, [f"{BOUND}[shard2of2]", EMPTIES])
-    assert [(f.prop, f.case_file, f.case, f.draws) for f in failures] == [
-        (BOUND, str(path), DecodeCase(lengths=(1,), scale=0.0), {}),
+    assert [(f.prop, f.case_file, f.case, f.draws, f.claim) for f in failures] == [
+        (BOUND, str(path), DecodeCase(lengths=(1,), scale=0.0), {}, claims.within_bound.reference),
         ("properties/test_metamorphic.py::test_repeating_a_call_gives_the_same_answer", str(repeated), first,
-         {"other": second}),
-        (EMPTIES, None, None, {})]
+         {"other": second}, claims.repeated.reference),
+        (EMPTIES, None, None, {}, None)]
 
 
 def wrong_with_20_heads(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):

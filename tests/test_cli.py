@@ -8,10 +8,12 @@ line on stderr and no traceback; the ones found before pytest starts are checked
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ CENTRAL = "test_output_and_lse_within_error_bound"
 FAST = ("--device=cpu", "--profile=ci", "--examples=3", "-k", CENTRAL)
 
 
-def _check(tmp_path, target: str, *options: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+def _check(tmp_path: Path, target: str, *options: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     """``python -m gqa_decode_fuzz.cli check TARGET`` from the repository root, its folders and JSON in ``tmp_path``."""
     out = tmp_path / "verdict.json"
     command = [sys.executable, "-m", "gqa_decode_fuzz.cli", "check", target, f"--out={tmp_path / 'checks'}",
@@ -44,8 +46,30 @@ def test_a_correct_implementation_passes(tmp_path):
     assert verdict["tier"] == "correct" and verdict["definitions"] == ["gqa_paged_decode_h32_kv4_d128_ps1"]
 
 
-def test_a_planted_defect_fails_with_its_case_as_a_workload_the_reader_takes_back(tmp_path):
-    result, verdict = _check(tmp_path, "tests/impls/wrong_kv_head.py:run", *FAST)
+# The dev profile draws from the seed (ci is derandomized: the same examples whatever the seed).
+PLANTED = ("tests/impls/wrong_kv_head.py:run", "--device=cpu", "--profile=dev", "--examples=3", "-k", CENTRAL,
+           "--seed=7")
+
+
+@pytest.fixture(scope="module")
+def planted_check(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """One check of a planted defect, shared by the tests that read its verdict."""
+    return _check(tmp_path_factory.mktemp("planted"), *PLANTED)
+
+
+def _what_the_seed_decides(verdict: dict) -> dict:
+    """A verdict without what differs from run to run anyway (seconds, folders, time-stamped file names), with
+    what its run report counts of the examples drawn (batch sizes, lengths, layouts, fills, scales)."""
+    report = json.loads((Path(verdict["report"]).parent / "report.json").read_text())
+    return {"drawn": {name: entry["counts"] for name, entry in report.items() if name != "causes"},
+            "verdict": verdict["verdict"], "examples": verdict["examples"], "properties": verdict["properties"],
+            "definitions": verdict["definitions"], "tier": verdict["tier"],
+            "causes": [(cause["summary"], cause["properties"], cause["workload"]["uuid"], cause["workload"]["line"])
+                       for cause in verdict["causes"]]}
+
+
+def test_a_planted_defect_fails_with_its_case_as_a_workload_the_reader_takes_back(planted_check):
+    result, verdict = planted_check
     assert result.returncode == 1, result.stdout + result.stderr
     assert verdict["verdict"] == "fail" and verdict["properties"]["failed"] == 1
     (cause,) = verdict["causes"]
@@ -72,6 +96,15 @@ def test_a_planted_defect_fails_with_its_case_as_a_workload_the_reader_takes_bac
     rebuilt = build(again, observe=False)
     assert again.lengths == case.lengths and torch.equal(rebuilt.kv_indices.long(), built.kv_indices.long())
     assert rebuilt.k_cache.shape == built.k_cache.shape
+
+
+def test_the_same_seed_gives_the_same_verdict(tmp_path, planted_check):
+    """Two checks with one seed draw the same examples: the same counts, causes and minimal case (its uuid and
+    workload line name its descriptor); another seed is free to differ."""
+    first = planted_check[1]
+    result, again = _check(tmp_path, *PLANTED)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert _what_the_seed_decides(again) == _what_the_seed_decides(first)
 
 
 def test_the_writer_makes_files_the_safetensors_library_reads(tmp_path):
@@ -117,3 +150,14 @@ def test_a_solution_whose_source_does_not_import_is_exit_2_without_a_traceback(t
     assert result.returncode == 2, result.stdout + result.stderr
     assert "no_such_module_anywhere" in result.stderr and "Traceback" not in result.stderr + result.stdout
     assert len(result.stderr.strip().splitlines()) == 1 and verdict["verdict"] == "error"
+
+
+@pytest.mark.parametrize(("options", "stops_at_first"), [((), False), (("--first-failure",), True)])
+def test_first_failure_stops_the_suite_at_the_first_failing_property(tmp_path, options, stops_at_first):
+    from gqa_decode_fuzz.cli import check
+
+    parser = argparse.ArgumentParser()
+    check.add_arguments(parser)
+    args = parser.parse_args(["tests/impls/wrong_kv_head.py:run", *options])
+    args.passthrough = []
+    assert ("-x" in check._pytest_command(args, args.target, tmp_path)) == stops_at_first

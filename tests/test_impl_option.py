@@ -5,8 +5,8 @@ import tempfile
 
 import pytest
 
+from gqa_decode_fuzz.engine import devices
 from gqa_decode_fuzz.engine.target import DeviceError, ImplSpecError, confirm_device, device_type, load_impl
-from gqa_decode_fuzz.runner import gpus
 from tests.pytest_runs import ROOT, clean_environment, run_module, run_pytest
 
 
@@ -158,14 +158,14 @@ def test_an_xdist_controller_says_what_the_implementation_declares(tmp_path):
 
 def test_the_controller_chooses_the_device_without_torch_and_torch_confirms_it(monkeypatch):
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(gpus, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
     assert device_type("auto") == "cuda" and device_type("cuda") == "cuda" and device_type("cpu") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(DeviceError, match="--device=auto: the CUDA driver reports a GPU but torch sees none"):
         confirm_device("auto", "cuda")
     with pytest.raises(DeviceError, match="--device=cuda but torch sees no CUDA device"):
         confirm_device("cuda", "cuda")
-    monkeypatch.setattr(gpus, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
     assert device_type("auto") == "cpu"
     with pytest.raises(DeviceError, match="--device=cuda but torch sees no CUDA device"):
         device_type("cuda")

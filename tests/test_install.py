@@ -34,7 +34,8 @@ def _pytest_elsewhere(installed, tmp_path, *args):
 
 def test_installed_packages_live_under_one_name(installed):
     names = {path.name for path in installed.iterdir() if not path.name.endswith(".dist-info")}
-    assert names == {"gqa_decode_fuzz"}
+    assert names == {"gqa_decode_fuzz", "bin"}  # bin/: the console script
+    assert (installed / "bin" / "gqa-decode-fuzz").is_file()
     assert {p.name for p in (installed / "gqa_decode_fuzz").iterdir()} >= {"kernel", "reference", "properties"}
 
 
@@ -61,8 +62,9 @@ def editable(tmp_path_factory):
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     (venv / purelib / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--prefix", str(venv), "-e",
-                    str(ROOT)], check=True, capture_output=True, timeout=600)
+    # --ignore-installed: without it pip uninstalls the checkout's install from the environment running the tests
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed",
+                    "--prefix", str(venv), "-e", str(ROOT)], check=True, capture_output=True, timeout=600)
     return python
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gqa_decode_fuzz.kernel import _interpreter_compat as compat
+from gqa_decode_fuzz.kernel import interpreter_compat as compat
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="concerns Triton's CPU interpreter only"

@@ -232,17 +232,16 @@ def _crashes(*args, **kwargs):
     raise isolation.ImplementationCrashed("the implementation's process died during the call (killed by SIGSEGV)")
 
 
-@pytest.mark.parametrize(("prop", "case", "draws"), [
-    ("test_strided_and_sliced_inputs_give_the_right_answer_or_a_clear_error", DecodeCase((2,), kv_layout="padded_dim"),
-     {}),
-    ("test_bad_input_is_refused_and_the_next_call_works", DecodeCase((2,)), {"corruption": "page_id_negative"}),
-    ("test_junk_in_unreferenced_pages_changes_nothing", DecodeCase((2,), spare_pages=2, kv_layout="dim_outer"), {}),
+@pytest.mark.parametrize(("claim", "case", "draws"), [
+    (claims.right_answer_or_clear_error, DecodeCase((2,), kv_layout="padded_dim"), {}),
+    (claims.bad_input_handled, DecodeCase((2,)), {"corruption": "page_id_negative"}),
+    (claims.junk_elsewhere, DecodeCase((2,), spare_pages=2, kv_layout="dim_outer"), {}),
 ])
-def test_a_crash_is_never_a_refusal(prop, case, draws):
+def test_a_crash_is_never_a_refusal(claim, case, draws):
     """Where a claim lets the implementation refuse (a strided layout, a bad input), an isolated child's crash is
     still a failure: in-process the fault was no exception a claim could catch."""
     with pytest.raises(isolation.ImplementationCrashed):
-        claims.claim_for(prop)(_crashes, case, torch.device("cpu"), "correct", **draws)
+        claim(_crashes, case, torch.device("cpu"), "correct", **draws)
 
 
 def _refuses_padded_kv(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
@@ -254,7 +253,7 @@ def _refuses_padded_kv(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None
 def test_a_layout_refused_as_test_layouts_allows_leaves_other_claims_undecided():
     """A layout test_layouts lets the implementation refuse fails no other property that draws it: that claim
     does not apply to the case; a refusal of the plain layout still fails."""
-    junk = claims.claim_for("test_junk_in_unreferenced_pages_changes_nothing")
+    junk = claims.junk_elsewhere
     refusing = in_definition_order(_refuses_padded_kv, definitions.SEED)
     with pytest.raises(UnsatisfiedAssumption):
         junk(refusing, DecodeCase((2,), spare_pages=2, kv_layout="padded_dim"), torch.device("cpu"),

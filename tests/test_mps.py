@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from gqa_decode_fuzz.engine import devices
 from gqa_decode_fuzz.generation.cases import DecodeCase
 from gqa_decode_fuzz.record import mps, run_report
-from gqa_decode_fuzz.runner import gpus
 from tests.pytest_runs import clean_environment, run_pytest
 
 NEIGHBOUR = "tests/mps_cases.py::test_hit_by_a_neighbours_fault"
@@ -28,14 +28,14 @@ def _mps_directory(tmp_path):
 
 def test_mps_is_detected_by_its_control_pipe(tmp_path, monkeypatch):
     directory = _mps_directory(tmp_path)
-    assert gpus.mps_control_pipe({gpus.MPS_PIPE_ENV: str(directory)}) == directory / "control"
-    assert gpus.mps_control_pipe({gpus.MPS_PIPE_ENV: str(tmp_path)}) is None  # a folder without the pipe
-    assert gpus.mps_control_pipe({gpus.MPS_PIPE_ENV: str(tmp_path / "missing")}) is None
-    monkeypatch.setattr(gpus, "DEFAULT_MPS_PIPE_DIRECTORY", str(directory))  # the driver's default when unset
-    assert gpus.mps_control_pipe({}) == directory / "control"
-    assert gpus.mps_control_pipe({gpus.MPS_PIPE_ENV: ""}) == directory / "control"
-    monkeypatch.setenv(gpus.MPS_PIPE_ENV, str(tmp_path))
-    assert gpus.mps_control_pipe() is None  # this process's environment by default
+    assert devices.mps_control_pipe({devices.MPS_PIPE_ENV: str(directory)}) == directory / "control"
+    assert devices.mps_control_pipe({devices.MPS_PIPE_ENV: str(tmp_path)}) is None  # a folder without the pipe
+    assert devices.mps_control_pipe({devices.MPS_PIPE_ENV: str(tmp_path / "missing")}) is None
+    monkeypatch.setattr(devices, "DEFAULT_MPS_PIPE_DIRECTORY", str(directory))  # the driver's default when unset
+    assert devices.mps_control_pipe({}) == directory / "control"
+    assert devices.mps_control_pipe({devices.MPS_PIPE_ENV: ""}) == directory / "control"
+    monkeypatch.setenv(devices.MPS_PIPE_ENV, str(tmp_path))
+    assert devices.mps_control_pipe() is None  # this process's environment by default
 
 
 def test_a_crash_that_passes_alone_is_an_error_and_one_that_faults_again_stays_crashed(tmp_path):

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from gqa_decode_fuzz.engine import devices
 from gqa_decode_fuzz.record import mps
-from gqa_decode_fuzz.runner import gpus, mps_server, plugin
+from gqa_decode_fuzz.runner import mps_server, plugin
 
 FAKE_CONTROL = """#!/bin/sh
 echo "$* CVD=${CUDA_VISIBLE_DEVICES-unset} LOG=$CUDA_MPS_LOG_DIRECTORY" >> "$FAKE_MPS_LOG"
@@ -58,9 +59,9 @@ def test_a_started_server_is_private_joined_by_its_environment_and_removed_when_
     server, trouble = mps_server.start(["3", "5"], can_leave=True, check=_proved)
     assert trouble is None and server is not None
     environ = server.environ()
-    assert gpus.mps_control_pipe(environ) == server.pipe_directory / "control"
+    assert devices.mps_control_pipe(environ) == server.pipe_directory / "control"
     assert server.pipe_directory.parent == server.directory and server.log_directory.is_dir()
-    assert gpus.mps_control_pipe({gpus.MPS_PIPE_ENV: str(server.directory.parent)}) is None  # not the default
+    assert devices.mps_control_pipe({devices.MPS_PIPE_ENV: str(server.directory.parent)}) is None  # not the default
     assert server.stop() is None
     assert not server.directory.exists()
     started, quit_ = fake_control.read_text().splitlines()
@@ -75,8 +76,8 @@ def test_a_server_that_fails_its_probe_is_stopped_and_the_run_goes_on_time_slice
                                        check=lambda environ, ids: asked.append((environ, ids)) or "no")
     assert server is None and trouble == "no"
     (environ, ids), = asked
-    assert ids == ["3"] and environ[gpus.MPS_PIPE_ENV].endswith("pipe")
-    assert not os.path.exists(environ[gpus.MPS_PIPE_ENV])  # stopped (quit) and removed
+    assert ids == ["3"] and environ[devices.MPS_PIPE_ENV].endswith("pipe")
+    assert not os.path.exists(environ[devices.MPS_PIPE_ENV])  # stopped (quit) and removed
     assert fake_control.read_text().splitlines()[1].startswith(" CVD=unset")
 
 
@@ -94,7 +95,7 @@ def test_without_the_control_program_no_server_is_started(tmp_path, monkeypatch)
 
 def test_the_probe_needs_a_cuda_driver_that_serves_every_gpu(fake_control):
     """The real probe in a process of its own: where no CUDA driver loads (this CPU host) it says why."""
-    if gpus.driver_device_count():
+    if devices.driver_device_count():
         pytest.skip("a CUDA driver is here: the probe would pass")
     server, trouble = mps_server.start(["0"], can_leave=True)
     assert server is None
@@ -116,23 +117,23 @@ def test_a_server_already_running_is_joined_not_replaced(tmp_path, fake_control,
     pipe = tmp_path / "nvidia-mps"
     pipe.mkdir()
     (pipe / "control").touch()
-    monkeypatch.setenv(gpus.MPS_PIPE_ENV, str(pipe))
-    assert mps_server.why_not("auto", ["0"], 8, gpus.mps_control_pipe()).startswith("the workers join")
+    monkeypatch.setenv(devices.MPS_PIPE_ENV, str(pipe))
+    assert mps_server.why_not("auto", ["0"], 8, devices.mps_control_pipe()).startswith("the workers join")
     assert plugin._own_mps_server("auto", ["0"], 8) == (None, None)
     assert not fake_control.exists()  # the control program was never run
 
 
 def test_the_controller_names_its_server_to_the_workers_it_starts(fake_control, monkeypatch):
-    monkeypatch.delenv(gpus.MPS_PIPE_ENV, raising=False)
+    monkeypatch.delenv(devices.MPS_PIPE_ENV, raising=False)
     monkeypatch.delenv(mps_server.LOG_ENV, raising=False)
-    monkeypatch.setattr(gpus, "DEFAULT_MPS_PIPE_DIRECTORY", str(fake_control.parent / "no-default-server"))
+    monkeypatch.setattr(devices, "DEFAULT_MPS_PIPE_DIRECTORY", str(fake_control.parent / "no-default-server"))
     monkeypatch.setattr(mps_server, "probe", _proved)
     server, trouble = plugin._own_mps_server("auto", ["0"], 8)
     try:
         assert trouble is None and server is not None
-        assert os.environ[gpus.MPS_PIPE_ENV] == str(server.pipe_directory)  # inherited by the workers
+        assert os.environ[devices.MPS_PIPE_ENV] == str(server.pipe_directory)  # inherited by the workers
         assert os.environ[mps_server.LOG_ENV] == str(server.log_directory)
-        assert "(the run's own, started in " in mps.header_line(gpus.mps_control_pipe(), server.seconds)
+        assert "(the run's own, started in " in mps.header_line(devices.mps_control_pipe(), server.seconds)
     finally:
         server.stop()
 
@@ -149,16 +150,16 @@ def test_after_a_crash_the_replacement_workers_run_outside_the_server_where_the_
         fake_control, monkeypatch, can_leave):
     server, _ = mps_server.start(["0"], can_leave=can_leave, check=_proved)
     try:
-        monkeypatch.setenv(gpus.MPS_PIPE_ENV, str(server.pipe_directory))
+        monkeypatch.setenv(devices.MPS_PIPE_ENV, str(server.pipe_directory))
         _crash(server, error=None)  # a worker that ended normally changes nothing
-        assert gpus.mps_control_pipe() == server.pipe_directory / "control"
+        assert devices.mps_control_pipe() == server.pipe_directory / "control"
         _crash(server)
         if can_leave:  # a folder without a control pipe: the driver runs the process outside MPS
-            assert os.environ[gpus.MPS_PIPE_ENV] == str(server.directory / "outside")
-            assert gpus.mps_control_pipe() is None
+            assert os.environ[devices.MPS_PIPE_ENV] == str(server.directory / "outside")
+            assert devices.mps_control_pipe() is None
             assert not server.leave()  # once
         else:  # exclusive-process GPUs take no process outside it: the replacements stay inside
-            assert gpus.mps_control_pipe() == server.pipe_directory / "control"
+            assert devices.mps_control_pipe() == server.pipe_directory / "control"
     finally:
         assert server.stop() is None
     assert not server.directory.exists()
@@ -170,7 +171,7 @@ def test_each_worker_is_told_whether_it_started_inside_a_server_and_only_its_cra
     config = SimpleNamespace(stash={plugin.PLAN: SimpleNamespace(device="cuda", mps_server=server)},
                              pluginmanager=SimpleNamespace(get_plugin=lambda name: None))
     try:
-        monkeypatch.setenv(gpus.MPS_PIPE_ENV, str(server.pipe_directory))
+        monkeypatch.setenv(devices.MPS_PIPE_ENV, str(server.pipe_directory))
         first, replacement = (SimpleNamespace(config=config, workerinput={}) for _ in range(2))
         plugin.pytest_configure_node(first)
         _crash(server)  # the first crash: the server is left

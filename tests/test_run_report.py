@@ -330,7 +330,7 @@ def test_report_leads_with_the_root_causes(run):
     found = [causes.Cause(causes.Failure(_node("output_within_bound", 2, 16), files["small"], "AssertionError: off",
                                          case=CASE), needs=["scale <= 0"], free=["any length"],
                           members=[(causes.Failure(_node("lse_base_two", 2, 4), files["mid"], case=CASE), "probed")])]
-    causes.save(directory, causes.as_json(found, causes.Prober(None, None, "correct", None)))
+    causes.save(directory, causes.as_json(found, causes.Prober(None, None, "correct")))
     report = run_report.write_report(directory, RUN)
     text = report.read_text(encoding="utf-8")
     head = [line for line in text.splitlines() if line][:5]

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gqa_decode_fuzz.engine import devices
+from gqa_decode_fuzz.engine.examples import Shard
 from gqa_decode_fuzz.runner import gpus, shards
 from gqa_decode_fuzz.runner.plugin import count_or_auto
-from gqa_decode_fuzz.runner.shards import Shard
 from tests.pytest_runs import ROOT, clean_environment, run_pytest
 
 
@@ -69,7 +70,7 @@ def test_workers_sharing_a_gpu_wait_asleep(monkeypatch, slots, per_gpu, sleeps):
     monkeypatch.setenv(gpus.WORKERS_PER_GPU_ENV, per_gpu)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     calls = []
-    monkeypatch.setattr(gpus, "sleep_while_waiting", lambda: calls.append(os.environ["CUDA_VISIBLE_DEVICES"]))
+    monkeypatch.setattr(devices, "sleep_while_waiting", lambda: calls.append(os.environ["CUDA_VISIBLE_DEVICES"]))
     gpus.pin_this_worker()
     assert calls == (["0"] if sleeps else [])  # after the pin: the driver sees the worker's GPU only
 
@@ -96,23 +97,23 @@ class _Driver:
         return 101 if self.refuse else 0
 
 
-@pytest.mark.parametrize("devices", [1, 3])
-def test_every_visible_device_gets_blocking_synchronisation(monkeypatch, devices):
-    driver = _Driver(devices)
+@pytest.mark.parametrize("count", [1, 3])
+def test_every_visible_device_gets_blocking_synchronisation(monkeypatch, count):
+    driver = _Driver(count)
     monkeypatch.setattr(ctypes, "CDLL", lambda name: driver)
-    assert gpus.sleep_while_waiting()
-    assert driver.flags == {100 + i: 0x04 for i in range(devices)}  # CU_CTX_SCHED_BLOCKING_SYNC
+    assert devices.sleep_while_waiting()
+    assert driver.flags == {100 + i: 0x04 for i in range(count)}  # CU_CTX_SCHED_BLOCKING_SYNC
 
 
 def test_a_refused_flag_or_no_driver_is_reported(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", lambda name: _Driver(2, refuse=True))
-    assert not gpus.sleep_while_waiting()
+    assert not devices.sleep_while_waiting()
 
     def no_driver(name):
         raise OSError(f"{name}: cannot open shared object file")
 
     monkeypatch.setattr(ctypes, "CDLL", no_driver)
-    assert not gpus.sleep_while_waiting() and gpus.driver_device_count() == 0
+    assert not devices.sleep_while_waiting() and devices.driver_device_count() == 0
 
 
 def test_visible_gpu_ids_follow_cuda_visible_devices(monkeypatch):
@@ -124,10 +125,10 @@ def test_visible_gpu_ids_follow_cuda_visible_devices(monkeypatch):
 
 def test_auto_means_workers_per_gpu_times_gpus_and_the_core_count_without_cuda(monkeypatch):
     assert gpus.auto_worker_count("cpu", 2) is None
-    monkeypatch.setattr(gpus, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
     assert gpus.auto_worker_count("auto", 1) == 2
     assert gpus.auto_worker_count("cuda", 3) == 6
-    monkeypatch.setattr(gpus, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
     assert gpus.auto_worker_count("auto", 1) is None
 
 
@@ -140,8 +141,8 @@ def test_gpus_are_counted_without_torch_as_torch_counts_them(visible):
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
-    script = ("import sys; from gqa_decode_fuzz.runner import gpus; ours = gpus.cuda_device_count(); "
-              "assert 'torch' not in sys.modules or gpus.torch_build() is None; import torch; "
+    script = ("import sys; from gqa_decode_fuzz.engine import devices; ours = devices.cuda_device_count(); "
+              "assert 'torch' not in sys.modules or devices.torch_build() is None; import torch; "
               "print(ours, torch.cuda.device_count() if torch.cuda.is_available() else 0)")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -159,8 +160,8 @@ def test_gpus_are_counted_without_torch_as_torch_counts_them(visible):
 ])
 def test_torch_build_is_read_from_its_version_file(tmp_path, text, build):
     (tmp_path / "version.py").write_text(text)
-    assert gpus.torch_build(tmp_path / "version.py") == build
-    assert gpus.torch_build(tmp_path / "missing.py") is None
+    assert devices.torch_build(tmp_path / "version.py") == build
+    assert devices.torch_build(tmp_path / "missing.py") is None
 
 
 def test_shard_count_follows_the_workers_unless_given(monkeypatch):

@@ -124,8 +124,8 @@ def _replay_call(number: int, call: dict, impl, device, png: Path | None, title:
 def _prefill_verdict(number: int, args: tuple, kwargs: dict, output, lse) -> bool:
     """A replayed causal prefill call against the prefill oracle, row by row: the suite's one comparison and its
     mismatch report; True when it fails."""
+    from gqa_decode_fuzz.generation.oracles import oracle_of
     from gqa_decode_fuzz.generation.prefill_cases import PrefillInputs
-    from gqa_decode_fuzz.properties.checks import prefill_oracle_of
     from gqa_decode_fuzz.reference.compare import check_against_reference, raise_if_any
 
     inputs = PrefillInputs(*args, **{k: v for k, v in kwargs.items() if k in PrefillInputs._fields})
@@ -133,7 +133,7 @@ def _prefill_verdict(number: int, args: tuple, kwargs: dict, output, lse) -> boo
     print(f"-- call {number}: causal prefill, {len(q_bounds) - 1} sequence(s), queries {list(q_bounds)} (qo_indptr)")
     print(f"-- call {number}: result against the float64 prefill oracle, one row per query token")
     try:
-        raise_if_any(check_against_reference(output, lse, prefill_oracle_of(inputs)), f"call {number}")
+        raise_if_any(check_against_reference(output, lse, oracle_of(inputs)), f"call {number}")
     except AssertionError as error:
         print("\n".join(f"   {line}" for line in str(error).splitlines()))
         return True
@@ -155,6 +155,8 @@ def _replay_calls(calls: list[dict], options, impl, device, payload: dict, case)
 def main(argv: list[str] | None = None) -> int:
     """Replay a case file; see the module docstring for the exit status."""
     options = _parser().parse_args(argv)
+    # The suite is imported once the arguments are read (--help and a bad argument answer without torch), and the
+    # device is resolved before any Triton kernel is imported.
     from gqa_decode_fuzz.engine.isolated_impl import load_target_for
     from gqa_decode_fuzz.engine.isolation import isolated
     from gqa_decode_fuzz.engine.target import DEFAULT_IMPL, DeviceError, ImplSpecError, resolve_device

@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 
 from gqa_decode_fuzz.engine.destinations import DestinationError
 from gqa_decode_fuzz.engine.isolation import ImplementationFailed
-
-from .cases import DecodeInputs, active_definition
-from .strategies import SizeLimits
+from gqa_decode_fuzz.generation.cases import DecodeInputs, active_definition
+from gqa_decode_fuzz.generation.strategies import SizeLimits
 
 __all__ = ["CORRUPTIONS", "LIMITS", "NOT_A_REFUSAL", "Corruption", "assert_handled", "corruptions"]
 

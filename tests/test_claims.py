@@ -1,0 +1,172 @@
+"""Claims declared where the test is (``property_claim``), checked at collection and at run time, and resolved
+again from the reference a run records (properties/claims.py, runner/suite_run.py, record/causes.py)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from gqa_decode_fuzz.generation.cases import DecodeCase, build
+from gqa_decode_fuzz.properties import claims
+from gqa_decode_fuzz.record import casefiles, causes
+from tests.pytest_runs import ROOT, clean_environment
+
+SUITE_MODULES = sorted(path.stem for path in (ROOT / "properties").glob("test_*.py"))
+
+
+def _declared(test) -> list[str]:
+    return [mark.args[0] for mark in getattr(test, "pytestmark", []) if mark.name == "claim"]
+
+
+CLAIM_MODULES = ("gqa_decode_fuzz.properties.claims", "gqa_decode_fuzz.properties.prefill_claims")  # by op type
+
+
+def test_property_modules_import_without_a_run_and_every_test_declares_a_claim_that_resolves():
+    """A test module reads no run state when imported (its strategies resolve the run's limits when they first
+    draw), and each test function in it declares one claim, which imports back from its reference."""
+    assert len(SUITE_MODULES) >= 9, SUITE_MODULES
+    for name in SUITE_MODULES:
+        module = importlib.import_module(f"gqa_decode_fuzz.properties.{name}")
+        tests = [value for key, value in vars(module).items() if key.startswith("test_") and callable(value)]
+        assert tests, name
+        for test in tests:
+            (reference,) = _declared(test)
+            assert reference.partition(":")[0] in CLAIM_MODULES, (name, test.__name__, reference)
+            assert causes.claim_at(reference).reference == reference
+
+
+def test_property_claim_takes_only_a_claim():
+    with pytest.raises(TypeError, match="property_claim"):
+        claims.property_claim(lambda *args: None)
+
+
+def test_a_claim_resolves_from_its_reference_and_a_bad_reference_is_named():
+    assert causes.claim_at(claims.within_bound.reference) is claims.within_bound
+    assert causes.claim_at(claims.bad_input_handled.reference).decided_by_draws
+    assert not claims.within_bound.decided_by_draws
+    for reference in ("gqa_decode_fuzz.properties.claims:no_such_claim", "no_such_module:within_bound",
+                      "gqa_decode_fuzz.properties.claims:property_claim"):
+        with pytest.raises(causes.ClaimReferenceError, match=reference.partition(":")[2]):
+            causes.claim_at(reference)
+
+
+def test_runner_and_record_import_no_property_module():
+    """The root causes and the merge of report parts find claims by reference: importing them (and the runner's
+    run) loads no module of the properties."""
+    code = ("import sys; import gqa_decode_fuzz.record.report_merge, gqa_decode_fuzz.record.causes, "
+            "gqa_decode_fuzz.runner.suite_run, gqa_decode_fuzz.runner.plugin; "
+            "print(sorted(m for m in sys.modules if m.startswith('gqa_decode_fuzz.properties')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=clean_environment())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_a_case_file_records_its_property_claim_and_its_failure_takes_it(tmp_path):
+    recorder = casefiles.Recorder()
+    recorder.begin("properties/test_x.py::test_y", claims.relabelled.reference)
+    case = DecodeCase(lengths=(2,))
+    recorder.note_claim(case, {"relabel_seed": 3}, claims.relabelled.reference)
+    recorder.note_build(case, build(case))
+    path = casefiles.save_case(tmp_path, recorder, error="AssertionError: off", impl_spec="x:run",
+                               device=torch.device("cpu"), profile="ci", run_id="r")
+    assert casefiles.load_case(path)["property_claim"] == claims.relabelled.reference
+    (failure,) = causes.failures_of_run(casefiles.runs_index(tmp_path, "r"), [])
+    assert (failure.claim, failure.case, failure.draws) == (claims.relabelled.reference, case, {"relabel_seed": 3})
+
+
+def test_a_case_file_from_before_claims_were_recorded_is_read_but_not_probed(tmp_path):
+    """An old case file (no ``property_claim``) still gives its case and draws; its failure is a cause of its own,
+    saying why it was not probed, rather than a guess at its claim."""
+    recorder = casefiles.Recorder()
+    recorder.begin("properties/test_decode.py::test_output_and_lse_within_error_bound")
+    case = DecodeCase(lengths=(1,), scale=0.0)
+    recorder.note_build(case, build(case))
+    path = casefiles.save_case(tmp_path, recorder, error="AssertionError: off", impl_spec="x:run",
+                               device=torch.device("cpu"), profile="ci", run_id="r")
+    payload = casefiles.load_case(path)
+    del payload["property_claim"]
+    torch.save(payload, path)
+    (failure,) = causes.failures_of_run(casefiles.runs_index(tmp_path, "r"), [])
+    assert failure.case == case and failure.claim is None and not failure.probeable
+    prober = causes.Prober(lambda *args: None, torch.device("cpu"), "correct")
+    (cause,) = causes.find_causes([failure], prober)
+    assert "names no claim" in cause.note and not prober.tried
+
+
+# ---- the plugin: collection and run time --------------------------------------------------------------------
+
+_RUN = """
+import sys
+from pathlib import Path
+
+from gqa_decode_fuzz.runner import shards
+
+shards.PROPERTY_SUITE = Path.cwd().resolve()  # this folder's test files are the property suite's
+import pytest
+
+sys.exit(pytest.main(["-p", "no:cacheprovider", "-p", "no:xdist", "-q", "--run-report=none",
+                      "--failures-dir=failures", *sys.argv[1:]]))
+"""
+
+_HEADER = """
+from hypothesis import example, given
+
+from gqa_decode_fuzz.generation.cases import DecodeCase
+from gqa_decode_fuzz.generation.strategies import decode_cases, run_sized
+from gqa_decode_fuzz.properties import claims
+from gqa_decode_fuzz.properties.claims import property_claim
+"""
+
+
+def _run_suite(folder: Path, source: str) -> subprocess.CompletedProcess:
+    """pytest on one test file in ``folder``, which the plugin takes for the property suite."""
+    (folder / "test_props.py").write_text(_HEADER + textwrap.dedent(source))
+    return subprocess.run([sys.executable, "-c", _RUN, "test_props.py", "--max-examples=2"], cwd=folder,
+                          capture_output=True, text=True, timeout=600, env=clean_environment(CI="true"))
+
+
+def test_a_property_without_a_claim_fails_collection_naming_it(tmp_path):
+    result = _run_suite(tmp_path, """
+        @property_claim(claims.within_bound)
+        @given(case=run_sized(lambda limits: decode_cases(limits=limits)))
+        def test_declared(impl, device, contract, case):
+            claims.within_bound(impl, case, device, contract)
+
+
+        @given(case=run_sized(lambda limits: decode_cases(limits=limits)))
+        def test_undeclared(impl, device, contract, case):
+            claims.within_bound(impl, case, device, contract)
+    """)
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert "test_props.py::test_undeclared: a property declares the claim its body checks" in output, output
+    assert "test_declared:" not in output
+
+
+def test_a_body_calling_another_claim_than_it_declares_fails_naming_both(tmp_path):
+    result = _run_suite(tmp_path, """
+        @property_claim(claims.within_bound)
+        @given(case=run_sized(lambda limits: decode_cases(limits=limits)))
+        @example(case=DecodeCase(lengths=(2,)))
+        def test_misdeclared(impl, device, contract, case):
+            claims.relabelled(impl, case, device, contract)
+
+
+        @property_claim(claims.relabelled)
+        @given(case=run_sized(lambda limits: decode_cases(limits=limits)))
+        def test_declared(impl, device, contract, case):
+            claims.relabelled(impl, case, device, contract)
+    """)
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, output
+    assert ("test_props.py::test_misdeclared declares @property_claim(gqa_decode_fuzz.properties.claims:"
+            "within_bound) but its body calls the claim gqa_decode_fuzz.properties.claims:relabelled") in output, output
+    assert "1 failed, 1 passed" in output, output
+    assert "Falsifying" not in output  # a defect of the test: not shrunk as a failure of the implementation
