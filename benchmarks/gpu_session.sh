@@ -27,6 +27,9 @@
 #                                            # told whole, tests/test_isolation.py's hang test
 #   bash benchmarks/gpu_session.sh round     # this round's figures: the plain command cold and warm, stages over 2,000
 #                                            # examples, an isolated torch --impl, `check` on a defect and a correct one
+#   bash benchmarks/gpu_session.sh prefill   # causal prefill: the issue's three plain commands (paged ps1, ps64, ragged)
+#                                            # and the prefill mutants on CUDA
+#   bash benchmarks/gpu_session.sh prefill-family # every prefill definition at the gpu profile (a time budget)
 #   bash benchmarks/gpu_session.sh speed     # builder bits CPU==CUDA, stage times, the plain -n auto
 #                                            # (cold, warm); BEFORE=dir adds an older checkout (BEFORE_STAGES_ONLY=1:
 #                                            # its stages only), SWEEP=4,8,16 workers, MPS=1 the plain run under MPS
@@ -105,6 +108,32 @@ round)
     --json "$OUT/check_defect.json"
   step check_correct 200 python3 -m gqa_decode_fuzz.cli check tests/impls/torch_float32.py:run --out /tmp/checks \
     --json "$OUT/check_correct.json"
+  rm -rf "$OUT/runs"
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+prefill)
+  # Causal prefill on the project's kernel: the plain command for one paged ps1, one paged ps64 and one ragged
+  # definition, then the prefill mutants (each must be killed).
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  for definition in gqa_paged_prefill_causal_h32_kv4_d128_ps1 gqa_paged_prefill_causal_h32_kv4_d128_ps64 \
+                    gqa_ragged_prefill_causal_h32_kv4_d128; do
+    step "plain_$definition" 110 "${PYTEST[@]}" properties -n auto --definition="$definition" \
+      --run-report="$OUT/runs/$definition"
+    latest=$(ls -t "$OUT/runs/$definition"/*/report.md 2>/dev/null | head -n 1)
+    [ -n "$latest" ] && cp "$latest" "$OUT/report_$definition.md"
+  done
+  mutants=$(python3 benchmarks/mutant_report.py --list | awk -F'|' '$2 ~ /prefill_/ {gsub(/ /, "", $2); print $2}')
+  # shellcheck disable=SC2086  # one argument per mutant name
+  step prefill_mutants 200 python3 benchmarks/mutant_report.py --device=cuda --jobs=4 $mutants
+  rm -rf "$OUT/runs"
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+prefill-family)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  step prefill_family 400 "${PYTEST[@]}" properties -n auto --hypothesis-profile=gpu --definition=prefill \
+    --time-budget=330 --run-report="$OUT/runs/family"
+  latest=$(ls -t "$OUT"/runs/family/*/report.md 2>/dev/null | head -n 1)
+  [ -n "$latest" ] && cp "$latest" "$OUT/report_prefill_family.md"
   rm -rf "$OUT/runs"
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
