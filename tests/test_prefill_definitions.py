@@ -161,3 +161,18 @@ def test_the_property_suite_deselects_decode_properties_for_prefill_definitions(
     result = _suite(tmp_path, "properties/test_decode.py", "--collect-only", f"--definition={spec}")
     assert result.returncode == 5, result.stdout + result.stderr  # every decode property deselected: none to run
     assert "deselected" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_property_suite_runs_a_prefill_file_of_a_shape_not_built_in(tmp_path):
+    """12 query heads over 3 KV heads of head dim 64 is in no built-in file: the suite runs the own kernel on it."""
+    def other(d):
+        d["name"] = "my_ragged_prefill_causal"
+        d["axes"]["num_qo_heads"]["value"], d["axes"]["num_kv_heads"]["value"] = 12, 3
+        d["axes"]["head_dim"]["value"] = 64
+
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(_edited(RAGGED, other)))
+    result = _suite(tmp_path, "properties/test_prefill.py", "-k", "output_and_lse_within_error_bound",
+                    f"--definition={path}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout and "definition my_ragged_prefill_causal" in result.stdout, result.stdout
