@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Call", "Tokens", "empty_result", "example_call", "gather_tokens", "read_call", "reference_of",
-           "unit_last_stride"]
+__all__ = ["Call", "PrefillCall", "Tokens", "empty_result", "example_call", "gather_tokens", "last_page_lengths",
+           "read_call", "read_prefill_call", "reference_of", "unit_last_stride"]
 
 
 class Call(NamedTuple):
@@ -109,6 +109,60 @@ def gather_tokens(call: Call) -> Tokens:
         keys, values = keys[keep], values[keep]
     cu = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32)
     return Tokens(keys, values, lengths, cu.to(call.k_cache.device))
+
+
+def last_page_lengths(call: Call) -> torch.Tensor:
+    """[B] int32: tokens in each sequence's last page. Page size 1 has no ``kv_last_page_len`` in the contract: 1 for a
+    sequence with pages, 0 for an empty one, as an engine fills it for libraries that take it."""
+    if call.kv_last_page_len is not None:
+        return call.kv_last_page_len.to(torch.int32).contiguous()
+    pages = call.kv_indptr[1:] - call.kv_indptr[:-1]
+    return (pages > 0).to(torch.int32)
+
+
+# ---- causal prefill ------------------------------------------------------------------------
+
+
+class PrefillCall(NamedTuple):
+    """A causal prefill call: the queries (sequence b's are ``q[qo_indptr[b]:qo_indptr[b + 1]]``) and the keys,
+    either a paged pool (``pages``, the decode call of the same cache) or ragged K/V (``ragged``, already in
+    sequence order)."""
+
+    q: torch.Tensor  # [total_q, H, D]
+    qo_indptr: torch.Tensor
+    sm_scale: float
+    pages: Call | None
+    ragged: Tokens | None
+
+    @property
+    def query_bounds(self) -> list[int]:
+        return self.qo_indptr.tolist()
+
+    def tokens(self) -> Tokens:
+        """Each sequence's keys and values in token order (gathered out of the pool where paged)."""
+        return self.ragged if self.pages is None else gather_tokens(self.pages)
+
+
+def read_prefill_call(q, k, v, qo_indptr, kv_indptr, *rest) -> PrefillCall:
+    """A causal prefill call in its definition's order: ragged ``(q, k, v, qo_indptr, kv_indptr, sm_scale?)`` where
+    K is 3-D ``[total_kv, H_kv, D]``; paged ``(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale?)``,
+    with ``kv_last_page_len`` before ``sm_scale`` for pages of several tokens (``read_call`` reads the rest)."""
+    if not isinstance(k, torch.Tensor) or k.dim() not in (3, 4):
+        raise ValueError(f"k must be ragged keys [total_kv, H_kv, D] or a page pool [P, page size, H_kv, D], got "
+                         f"{getattr(k, 'shape', type(k).__name__)}")
+    if k.dim() == 4:
+        if not rest:
+            raise TypeError("a paged prefill call needs kv_indices after kv_indptr")
+        pages = read_call(q, k, v, kv_indptr, *rest)
+        return PrefillCall(q, qo_indptr, pages.sm_scale, pages, None)
+    if len(rest) > 1:
+        raise TypeError(f"a ragged prefill call takes (q, k, v, qo_indptr, kv_indptr, sm_scale), got {5 + len(rest)} "
+                        "arguments")
+    scale = rest[0] if rest else None
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    bounds = kv_indptr.tolist()
+    lengths = [end - start for start, end in zip(bounds, bounds[1:])]
+    return PrefillCall(q, qo_indptr, sm_scale, None, Tokens(k, v, lengths, kv_indptr.to(torch.int32)))
 
 
 # ---- small calls for smoke tests -----------------------------------------------------------
