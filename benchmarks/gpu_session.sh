@@ -186,8 +186,8 @@ prefill-adapters)  # each run: --time-budget seconds, then root causes, within i
   nvidia-smi -L | tee "$OUT/summary.txt"
   export PYTHONPATH=$PWD/.carry/flashinfer${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_WORKSPACE_BASE=/tmp/fi \
     FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_NVCC_THREADS=4 MAX_JOBS=16
-  three=gqa_paged_prefill_causal_h32_kv4_d128_ps1,gqa_paged_prefill_causal_h32_kv8_d128_ps64
-  prefill=${PREFILL_DEFINITIONS:-$three,gqa_ragged_prefill_causal_h32_kv4_d128}  # paged ps1, paged ps64, ragged
+  paged=gqa_paged_prefill_causal_h32_kv4_d128_ps1,gqa_paged_prefill_causal_h32_kv8_d128_ps64
+  prefill=${PREFILL_DEFINITIONS:-$paged,gqa_ragged_prefill_causal_h32_kv4_d128}  # paged ps1, paged ps64, ragged
   rm -rf reports-prefill-* failures-prefill-*
   step flashinfer_prefill_smoke "${SMOKE_LIMIT:-150}" python3 -m adapters.flashinfer_prefill
   for impl in adapters/flashinfer_prefill.py:run ${TORCH_PREFILL_ENTRIES:-adapters/torch_sdpa_prefill.py:flash \
