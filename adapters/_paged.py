@@ -14,14 +14,16 @@ that use it waive ``input_validation``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["Call", "PrefillCall", "Tokens", "empty_result", "example_call", "gather_tokens", "last_page_lengths",
-           "read_call", "read_prefill_call", "reference_of", "unit_last_stride"]
+__all__ = ["Call", "PrefillCall", "Tokens", "empty_result", "example_call", "example_prefill_call", "gather_tokens",
+           "last_page_lengths", "read_call", "read_prefill_call", "reference_of", "unit_last_stride"]
 
 
 class Call(NamedTuple):
@@ -192,6 +194,23 @@ def example_call(definition, lengths: list[int], seed: int, sm_scale: float = 0.
     last = [n - (count - 1) * size if count else 0 for n, count in zip(lengths, pages)]
     paged = (torch.tensor(last, dtype=torch.int32),) if definition.paged else ()
     return (q, k_cache, v_cache, indptr, ids, *paged, sm_scale)
+
+
+def example_prefill_call(definition, q_lens: list[int], kv_lens: list[int], seed: int,
+                         sm_scale: float = 0.07) -> tuple:
+    """A valid causal prefill call for ``definition`` in its argument order: the keys laid out as ``example_call``
+    lays out sequences of ``kv_lens`` (ragged: gathered in sequence order), ``q_lens[b]`` query rows for sequence b."""
+    size = max(definition.page_size, 1)
+    keys = SimpleNamespace(page_size=size, num_kv_heads=definition.num_kv_heads, head_dim=definition.head_dim,
+                           num_qo_heads=definition.num_qo_heads, paged=size > 1)
+    _, k_cache, v_cache, kv_indptr, kv_indices, *last, _ = example_call(keys, kv_lens, seed, sm_scale)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn((sum(q_lens), definition.num_qo_heads, definition.head_dim), generator=gen).to(torch.bfloat16)
+    qo_indptr = torch.tensor(list(itertools.accumulate(q_lens, initial=0)), dtype=torch.int32)
+    if definition.page_size:
+        return (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *last, sm_scale)
+    tokens = gather_tokens(read_call(q, k_cache, v_cache, kv_indptr, kv_indices, *last))
+    return (q, tokens.keys, tokens.values, qo_indptr, tokens.cu_seqlens, sm_scale)
 
 
 def reference_of(definition) -> Callable:

@@ -123,30 +123,42 @@ _SMOKE_DEFINITIONS = ("gqa_paged_prefill_causal_h32_kv4_d128_ps1", "gqa_paged_pr
                       "gqa_ragged_prefill_causal_h32_kv4_d128")
 
 
+def _oracle(definition, call: tuple):
+    from gqa_decode_fuzz.reference import prefill_oracle
+
+    if definition.page_size:
+        q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *last, scale = call
+        return prefill_oracle.attend_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, scale,
+                                                   *last)
+    return prefill_oracle.attend_ragged_prefill(*call)
+
+
 def _smoke() -> int:
     """Compile the kernels and check one engine-shaped batch per definition against the float64 oracle's bound;
     then print what rows that see no key give (a known difference, not a smoke failure)."""
-    from gqa_decode_fuzz.generation.oracles import oracle_of
-    from gqa_decode_fuzz.generation.prefill_cases import PrefillCase, build_prefill
+    from adapters._paged import example_prefill_call
     from gqa_decode_fuzz.reference import assert_within_bound, definitions
 
     failures = 0
     for name in _SMOKE_DEFINITIONS:
-        served = run.for_definition(definitions.by_name(name))
-        case = PrefillCase(q_lens=(1, 7, 64, 65, 3), kv_lens=(1, 7, 64, 300, 130), scale=0.07, definition=name)
-        inputs = build_prefill(case, "cuda", observe=False)
+        definition = definitions.by_name(name)
+        served = run.for_definition(definition)
+        call = tuple(a.cuda() if isinstance(a, torch.Tensor) else a
+                     for a in example_prefill_call(definition, [1, 7, 64, 65, 3], [1, 7, 64, 300, 130], seed=0))
         start = time.perf_counter()
-        output, lse = served(*inputs.arguments())
+        output, lse = served(*call)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         try:
-            worst = f"worst err/bound {assert_within_bound(output, lse, oracle_of(inputs), context=name):.3g} ok"
+            ratio = assert_within_bound(output, lse, _oracle(definition, call), context=name)
+            worst = f"worst err/bound {ratio:.3g} ok"
         except AssertionError as mismatch:
             failures += 1
             worst = f"MISMATCH {str(mismatch)[:400]}"
         print(f"{name}: {seconds:.1f} s (first call compiles), {worst}")
-        masked = PrefillCase(q_lens=(4,), kv_lens=(2,), definition=name)
-        output, lse = served(*build_prefill(masked, "cuda", observe=False).arguments())
+        blind = tuple(a.cuda() if isinstance(a, torch.Tensor) else a
+                      for a in example_prefill_call(definition, [4], [2], seed=1))
+        output, lse = served(*blind)
         print(f"  rows 0-1 of q_len 4 over kv_len 2 (they see no key): max |output| "
               f"{output[:2].float().abs().max().item():.3g}, lse {lse[:2, 0].tolist()}")
     return 1 if failures else 0

@@ -4,6 +4,8 @@ tensors; adapters/flashinfer_prefill.py's refusal to import without FlashInfer (
 
 import importlib.util
 import math
+import sys
+import types
 import warnings
 
 import pytest
@@ -128,3 +130,17 @@ def test_torch_math_prefill_passes_the_prefill_properties(tmp_path):
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
     assert "waives input_validation" in result.stdout, result.stdout
     assert "properties/test_prefill.py ." in result.stdout, result.stdout[-5000:]  # the prefill claims ran
+
+
+@pytest.mark.parametrize("name", [PAGED_PS1, PAGED_PS64, RAGGED_D256])
+def test_the_flashinfer_smoke_tests_calls_and_oracle_hold_the_math_entry(name, monkeypatch):
+    """The smoke test's pieces (``_paged.example_prefill_call``, its oracle) on CPU, with the math entry standing in
+    for FlashInfer (a stub module lets the adapter import)."""
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+    monkeypatch.delitem(sys.modules, "adapters.flashinfer_prefill", raising=False)
+    flashinfer_prefill = importlib.import_module("adapters.flashinfer_prefill")
+    definition = definitions.by_name(name)
+    call = _paged.example_prefill_call(definition, [1, 7, 0, 65, 3], [1, 7, 4, 300, 130], seed=0)
+    assert call[3].tolist() == [0, 1, 8, 8, 73, 76] and len(call) == len(definition.arguments)
+    output, lse = torch_sdpa_prefill.math.for_definition(definition)(*call)
+    assert_within_bound(output, lse, flashinfer_prefill._oracle(definition, call), context=name)
