@@ -12,7 +12,7 @@ The mask
     pool in token order (``adapters/_paged.py``) or sliced out of ragged K/V. A sequence with no queries is not
     called; one with no keys is called with zero keys and its answer reported as it is.
 
-What each entry calls (``CausalBias._dispatch`` in torch 2.11 and 2.13, torch/nn/attention/bias.py)
+What each entry calls (``CausalBias._dispatch``, torch/nn/attention/bias.py, as of torch 2.13)
     - ``math``: ``F.scaled_dot_product_attention(..., attn_mask=causal_lower_right(q_len, kv_len),
       enable_gqa=True)`` under ``sdpa_kernel(SDPBackend.MATH)``: the public call itself (the bias is materialised
       as a boolean mask, or is plain ``is_causal`` where q_len == kv_len). The math path returns no LSE; this
