@@ -1,5 +1,6 @@
-"""Adapters that put third-party decode kernels (SGLang, FlashInfer) under this suite's contract.
+"""Adapters that put third-party attention kernels (SGLang, FlashInfer, PyTorch) under this suite's contract.
 
-Each module exposes a ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)`` for
-``--impl=adapters/<module>.py:run``; they are not imported by the suite itself.
+Decode modules expose entries taking ``(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)``; the causal
+prefill modules (``*_prefill``) a prefill definition's arguments, paged or ragged. Each is named by
+``--impl=adapters/<module>.py:<entry>``; they are not imported by the suite itself.
 """

@@ -14,14 +14,16 @@ that use it waive ``input_validation``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["Call", "Tokens", "empty_result", "example_call", "gather_tokens", "read_call", "reference_of",
-           "unit_last_stride"]
+__all__ = ["Call", "PrefillCall", "Tokens", "empty_result", "example_call", "example_prefill_call", "gather_tokens",
+           "last_page_lengths", "read_call", "read_prefill_call", "reference_of", "unit_last_stride"]
 
 
 class Call(NamedTuple):
@@ -111,6 +113,60 @@ def gather_tokens(call: Call) -> Tokens:
     return Tokens(keys, values, lengths, cu.to(call.k_cache.device))
 
 
+def last_page_lengths(call: Call) -> torch.Tensor:
+    """[B] int32: tokens in each sequence's last page. Page size 1 has no ``kv_last_page_len`` in the contract: 1 for a
+    sequence with pages, 0 for an empty one, as an engine fills it for libraries that take it."""
+    if call.kv_last_page_len is not None:
+        return call.kv_last_page_len.to(torch.int32).contiguous()
+    pages = call.kv_indptr[1:] - call.kv_indptr[:-1]
+    return (pages > 0).to(torch.int32)
+
+
+# ---- causal prefill ------------------------------------------------------------------------
+
+
+class PrefillCall(NamedTuple):
+    """A causal prefill call: the queries (sequence b's are ``q[qo_indptr[b]:qo_indptr[b + 1]]``) and the keys,
+    either a paged pool (``pages``, the decode call of the same cache) or ragged K/V (``ragged``, already in
+    sequence order)."""
+
+    q: torch.Tensor  # [total_q, H, D]
+    qo_indptr: torch.Tensor
+    sm_scale: float
+    pages: Call | None
+    ragged: Tokens | None
+
+    @property
+    def query_bounds(self) -> list[int]:
+        return self.qo_indptr.tolist()
+
+    def tokens(self) -> Tokens:
+        """Each sequence's keys and values in token order (gathered out of the pool where paged)."""
+        return self.ragged if self.pages is None else gather_tokens(self.pages)
+
+
+def read_prefill_call(q, k, v, qo_indptr, kv_indptr, *rest) -> PrefillCall:
+    """A causal prefill call in its definition's order: ragged ``(q, k, v, qo_indptr, kv_indptr, sm_scale?)`` where
+    K is 3-D ``[total_kv, H_kv, D]``; paged ``(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale?)``,
+    with ``kv_last_page_len`` before ``sm_scale`` for pages of several tokens (``read_call`` reads the rest)."""
+    if not isinstance(k, torch.Tensor) or k.dim() not in (3, 4):
+        raise ValueError(f"k must be ragged keys [total_kv, H_kv, D] or a page pool [P, page size, H_kv, D], got "
+                         f"{getattr(k, 'shape', type(k).__name__)}")
+    if k.dim() == 4:
+        if not rest:
+            raise TypeError("a paged prefill call needs kv_indices after kv_indptr")
+        pages = read_call(q, k, v, kv_indptr, *rest)
+        return PrefillCall(q, qo_indptr, pages.sm_scale, pages, None)
+    if len(rest) > 1:
+        raise TypeError(f"a ragged prefill call takes (q, k, v, qo_indptr, kv_indptr, sm_scale), got {5 + len(rest)} "
+                        "arguments")
+    scale = rest[0] if rest else None
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    bounds = kv_indptr.tolist()
+    lengths = [end - start for start, end in zip(bounds, bounds[1:])]
+    return PrefillCall(q, qo_indptr, sm_scale, None, Tokens(k, v, lengths, kv_indptr.to(torch.int32)))
+
+
 # ---- small calls for smoke tests -----------------------------------------------------------
 
 _JUNK = float("nan")  # where no token is: must never reach a result
@@ -138,6 +194,23 @@ def example_call(definition, lengths: list[int], seed: int, sm_scale: float = 0.
     last = [n - (count - 1) * size if count else 0 for n, count in zip(lengths, pages)]
     paged = (torch.tensor(last, dtype=torch.int32),) if definition.paged else ()
     return (q, k_cache, v_cache, indptr, ids, *paged, sm_scale)
+
+
+def example_prefill_call(definition, q_lens: list[int], kv_lens: list[int], seed: int,
+                         sm_scale: float = 0.07) -> tuple:
+    """A valid causal prefill call for ``definition`` in its argument order: the keys laid out as ``example_call``
+    lays out sequences of ``kv_lens`` (ragged: gathered in sequence order), ``q_lens[b]`` query rows for sequence b."""
+    size = max(definition.page_size, 1)
+    keys = SimpleNamespace(page_size=size, num_kv_heads=definition.num_kv_heads, head_dim=definition.head_dim,
+                           num_qo_heads=definition.num_qo_heads, paged=size > 1)
+    _, k_cache, v_cache, kv_indptr, kv_indices, *last, _ = example_call(keys, kv_lens, seed, sm_scale)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn((sum(q_lens), definition.num_qo_heads, definition.head_dim), generator=gen).to(torch.bfloat16)
+    qo_indptr = torch.tensor(list(itertools.accumulate(q_lens, initial=0)), dtype=torch.int32)
+    if definition.page_size:
+        return (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *last, sm_scale)
+    tokens = gather_tokens(read_call(q, k_cache, v_cache, kv_indptr, kv_indices, *last))
+    return (q, tokens.keys, tokens.values, qo_indptr, tokens.cu_seqlens, sm_scale)
 
 
 def reference_of(definition) -> Callable:

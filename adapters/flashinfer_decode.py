@@ -48,7 +48,7 @@ from collections.abc import Callable
 import flashinfer
 import torch
 
-from adapters._paged import Call, empty_result, read_call, unit_last_stride
+from adapters._paged import Call, empty_result, last_page_lengths, read_call, unit_last_stride
 
 __all__ = ["run", "run_as_served"]
 
@@ -67,13 +67,6 @@ def _wrapper(device: torch.device, use_tensor_cores: bool):
     return _wrappers[key]
 
 
-def _last_page_lengths(call: Call) -> torch.Tensor:
-    if call.kv_last_page_len is not None:
-        return call.kv_last_page_len.to(torch.int32).contiguous()
-    pages = call.kv_indptr[1:] - call.kv_indptr[:-1]
-    return (pages > 0).to(torch.int32)  # page size 1: a sequence with pages ends in a full page
-
-
 def _decode(call: Call, use_tensor_cores: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if call.q.shape[0] == 0:
         return empty_result(call)
@@ -81,7 +74,7 @@ def _decode(call: Call, use_tensor_cores: bool) -> tuple[torch.Tensor, torch.Ten
     kv_heads = call.k_cache.shape[2]
     wrapper = _wrapper(call.q.device, use_tensor_cores)
     wrapper.plan(call.kv_indptr.to(torch.int32).contiguous(), call.kv_indices.to(torch.int32).contiguous(),
-                 _last_page_lengths(call), heads, kv_heads, dim, call.page_size, pos_encoding_mode="NONE",
+                 last_page_lengths(call), heads, kv_heads, dim, call.page_size, pos_encoding_mode="NONE",
                  q_data_type=call.q.dtype, kv_data_type=call.k_cache.dtype, sm_scale=call.sm_scale)
     pages = (unit_last_stride(call.k_cache), unit_last_stride(call.v_cache))
     output, lse = wrapper.run(unit_last_stride(call.q), pages, return_lse=True)

@@ -1,4 +1,4 @@
-"""Build a trimmed FlashInfer for a machine without network: only what the paged decode wrapper compiles.
+"""Build a trimmed FlashInfer for a machine without network: only what the decode and prefill adapters compile.
 
 Usage (from the repository root, where pip can reach the package index)::
 
@@ -15,8 +15,10 @@ FlashInfer's, CUTLASS's and spdlog's headers. ``MANIFEST.txt`` lists every file 
 Which modules: ``BatchDecodeWithPagedKVCacheWrapper`` compiles ``batch_decode*`` (the CUDA-core decode
 kernel: query groups 1, 2, 3, 4 and 8) and, with ``use_tensor_cores=True`` (any group; what engines
 use for groups above 4), ``batch_prefill*`` (FlashAttention-2 templates, asked for by name on every GPU, so
-FlashAttention-3's sm90 sources and CUTLASS never are). ``--decode-only`` leaves the tensor-core
-sources out.
+FlashAttention-3's sm90 sources and CUTLASS never are). The same ``batch_prefill*`` sources serve the batch
+prefill wrappers, paged and ragged, with ``backend="fa2"`` (adapters/flashinfer_prefill.py); their ``fa3``
+backend, FlashInfer's own choice on sm90, would need the sm90 sources and CUTLASS's headers (about 21 MiB
+more). ``--decode-only`` leaves the tensor-core (and so the prefill) sources out.
 
 Why 0.3.1: its Python dependencies are all on the GPU image already (torch, ninja, numpy,
 requests, jinja2, filelock, einops, click, tqdm, tabulate, packaging, and ``pynvml`` from

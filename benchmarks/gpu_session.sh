@@ -13,6 +13,9 @@
 #   bash benchmarks/gpu_session.sh verdicts  # isolation (hostile panel, a faulting kernel, the sanitizer, the seed's
 #                                            # huge-pool fault), root causes (a one-defect kernel, peak memory of a
 #                                            # huge-pool shrink), the AccelOpt Solution files
+#   bash benchmarks/gpu_session.sh prefill-adapters # FlashInfer's prefill wrappers (compile, smoke) and torch SDPA's
+#                                            # causal lower-right prefill (flash, efficient, cudnn), each on one paged
+#                                            # ps1, one paged ps64 and one ragged definition; under 9 minutes in all
 #   bash benchmarks/gpu_session.sh isolation # the sanitizer on the planted one-past reader, a faulting kernel under the
 #                                            # run's own MPS server (children outside it), tests/test_isolation.py,
 #                                            # with THROUGHPUT=1 examples/s with isolation off and on
@@ -207,6 +210,28 @@ adapters)
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   tar czf "$OUT/failures.tgz" failures 2>/dev/null || true
+  ;;
+prefill-adapters)  # each run: --time-budget seconds, then root causes, within its timeout; summaries to $OUT
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  export PYTHONPATH=$PWD/.carry/flashinfer${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_WORKSPACE_BASE=/tmp/fi \
+    FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_NVCC_THREADS=4 MAX_JOBS=16
+  paged=gqa_paged_prefill_causal_h32_kv4_d128_ps1,gqa_paged_prefill_causal_h32_kv8_d128_ps64
+  prefill=${PREFILL_DEFINITIONS:-$paged,gqa_ragged_prefill_causal_h32_kv4_d128}  # paged ps1, paged ps64, ragged
+  rm -rf reports-prefill-* failures-prefill-*
+  step flashinfer_prefill_smoke "${SMOKE_LIMIT:-150}" python3 -m adapters.flashinfer_prefill
+  for impl in adapters/flashinfer_prefill.py:run ${TORCH_PREFILL_ENTRIES:-adapters/torch_sdpa_prefill.py:flash \
+      adapters/torch_sdpa_prefill.py:efficient adapters/torch_sdpa_prefill.py:cudnn}; do
+    name=prefill-$(basename "${impl%%.py:*}")-${impl##*:}
+    step "$name" $((${BUDGET:-35} + ${PROBE_LIMIT:-30})) "${PYTEST[@]}" properties -n 8 --hypothesis-profile=gpu \
+      "--definition=$prefill" "--max-examples=${EXAMPLES:-100}" "--time-budget=${BUDGET:-35}" "--impl=$impl" \
+      "--run-report=reports-$name" "--failures-dir=failures-$name"
+    for report in "reports-$name"/*/report.md; do  # the verdict and the head of the verdict table
+      [ -e "$report" ] && { echo "#### $name: $report"; head -n 40 "$report" | cut -c1-400
+        sed -n '/distinct failure/,/^## /p' "$report" | head -n 40; } >>"$OUT/prefill_verdicts.md"
+    done
+  done
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  tar czf "$OUT/failures.tgz" failures-prefill-* 2>/dev/null || true
   ;;
 isolation)
   nvidia-smi -L | tee "$OUT/summary.txt"
@@ -412,7 +437,7 @@ faults)
   tar czf "$OUT/failures.tgz" failures
   ;;
 *)
-  echo "usage: $0 suite|family|panel|faults|speed|profile" >&2
+  echo "usage: $0 suite|family|panel|faults|speed|profile|adapters|prefill-adapters|..." >&2
   exit 2
   ;;
 esac
