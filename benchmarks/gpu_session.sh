@@ -219,6 +219,7 @@ prefill-adapters)  # each run: --time-budget seconds, then root causes, within i
   prefill=${PREFILL_DEFINITIONS:-$paged,gqa_ragged_prefill_causal_h32_kv4_d128}  # paged ps1, paged ps64, ragged
   rm -rf reports-prefill-* failures-prefill-*
   step flashinfer_prefill_smoke "${SMOKE_LIMIT:-150}" python3 -m adapters.flashinfer_prefill
+  step flashinfer_prefill_lse_models 60 python3 benchmarks/flashinfer_prefill_lse_models.py
   for impl in adapters/flashinfer_prefill.py:run ${TORCH_PREFILL_ENTRIES:-adapters/torch_sdpa_prefill.py:flash \
       adapters/torch_sdpa_prefill.py:efficient adapters/torch_sdpa_prefill.py:cudnn}; do
     name=prefill-$(basename "${impl%%.py:*}")-${impl##*:}
