@@ -32,6 +32,8 @@ Declarations
     ``run``: the whole contract except input validation (FlashInfer checks shapes, not page ids or the indptrs).
     Rows that see no key (more queries than keys, or none) go to the kernel and its answer is reported. A call of
     no query rows is answered by the adapter (empty tensors) without calling FlashInfer, as by the torch adapters.
+    ``run_as_served`` also waives ``empty_sequences``: rows that see no key (an engine never reads them) are read as
+    the contract's (0, -inf) and every other row is checked in full.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ except ImportError as error:  # a CPU machine, or the carry not on PYTHONPATH
 
 from adapters._paged import PrefillCall, empty_result, last_page_lengths, read_prefill_call, unit_last_stride
 
-__all__ = ["run"]
+__all__ = ["run", "run_as_served"]
 
 _WORKSPACE_BYTES = 128 * 2**20
 _HEAD_DIMS = (64, 128, 256)  # the head dims FlashInfer's prefill is built and tested for
@@ -90,7 +92,7 @@ def _prefill(call: PrefillCall, backend: str) -> tuple[torch.Tensor, torch.Tenso
     return wrapper.run(q, (unit_last_stride(pages.k_cache), unit_last_stride(pages.v_cache)), return_lse=True)
 
 
-def _entry(name: str, backend: str) -> Callable:
+def _entry(name: str, backend: str, waives: tuple[str, ...] = ("input_validation",)) -> Callable:
     def entry(q, k, v, qo_indptr, kv_indptr, *rest):
         return _prefill(read_prefill_call(q, k, v, qo_indptr, kv_indptr, *rest), backend)
 
@@ -109,12 +111,13 @@ def _entry(name: str, backend: str) -> Callable:
     entry.__doc__ = (f"FlashInfer's batch prefill wrappers ({backend}, causal) on a prefill definition's arguments "
                      "(paged or ragged); returns (output [total_q, H, D] bf16, lse [total_q, H] float32 base 2).")
     entry.returns_lse = True
-    entry.waives = ("input_validation",)
+    entry.waives = waives
     entry.for_definition = for_definition
     return entry
 
 
 run = _entry("run", "fa2")
+run_as_served = _entry("run_as_served", "fa2", ("empty_sequences", "input_validation"))
 
 
 # ---- smoke test: python -m adapters.flashinfer_prefill --------------------------------------

@@ -35,9 +35,12 @@ What each entry calls (``CausalBias._dispatch``, torch/nn/attention/bias.py, as 
 
 Declarations
     All entries return an LSE and waive ``input_validation`` (library calls on dense tensors; the contract's
-    checks belong to a kernel's wrapper, and the gather checks nothing). No ``*_as_served`` entry: the suite's
-    ``empty_sequences`` waiver is decode-shaped. A call of no query rows is answered by the adapter (empty
-    tensors) without calling a backend, as no engine launches attention for it.
+    checks belong to a kernel's wrapper, and the gather checks nothing). ``flash_as_served`` and
+    ``efficient_as_served`` also waive ``empty_sequences``: rows that see no key (an engine masks or never reads
+    them) are read as the contract's (0, -inf), the rest checked in full; their backends' own answers for such rows
+    (FA2's LSE +inf, the CUTLASS kernel's arbitrary LSE) are a convention apart from the contract's. A call of
+    no query rows is answered by the adapter (empty tensors) without calling a backend, as no engine launches
+    attention for it.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from torch.nn.attention.bias import CausalVariant, causal_lower_right
 from adapters._paged import PrefillCall, Tokens, empty_result, read_prefill_call, unit_last_stride
 from adapters.torch_sdpa import _CUDNN_KEY_ALIGN, _HEAD_DIM_OK, _LOG2_E, _repeat_heads
 
-__all__ = ["cudnn", "efficient", "flash", "math"]
+__all__ = ["cudnn", "efficient", "efficient_as_served", "flash", "flash_as_served", "math"]
 
 Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
@@ -158,7 +161,7 @@ def _for_definition(entry: Callable, backend: str) -> Callable:
     return for_definition
 
 
-def _entry(backend: str) -> Callable:
+def _entry(backend: str, *, as_served: bool = False) -> Callable:
     def entry(q, k, v, qo_indptr, kv_indptr, *rest):
         call = read_prefill_call(q, k, v, qo_indptr, kv_indptr, *rest)
         if backend != "math" and q.device.type != "cuda":
@@ -167,16 +170,19 @@ def _entry(backend: str) -> Callable:
             return empty_result(call)
         return _attend(backend, call)
 
-    entry.__name__ = entry.__qualname__ = backend
+    entry.__name__ = entry.__qualname__ = f"{backend}_as_served" if as_served else backend
     entry.__doc__ = (f"PyTorch's {backend} attention, causal lower-right, on a prefill definition's arguments (paged "
-                     "or ragged); returns (output [total_q, H, D] bf16, lse [total_q, H] float32 base 2).")
+                     "or ragged); returns (output [total_q, H, D] bf16, lse [total_q, H] float32 base 2)"
+                     + ("; declared as an engine serves it (rows that see no key unchecked)." if as_served else "."))
     entry.returns_lse = True
-    entry.waives = ("input_validation",)
+    entry.waives = ("empty_sequences", "input_validation") if as_served else ("input_validation",)
     entry.for_definition = _for_definition(entry, backend)
     return entry
 
 
 math = _entry("math")
 flash = _entry("flash")
+flash_as_served = _entry("flash", as_served=True)
 efficient = _entry("efficient")
+efficient_as_served = _entry("efficient", as_served=True)
 cudnn = _entry("cudnn")

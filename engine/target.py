@@ -102,7 +102,8 @@ def confirm_device(choice: str, chosen: str):
 
 
 WAIVERS = {
-    "empty_sequences": "results of empty sequences are not checked",
+    "empty_sequences": "results of rows that see no key (empty decode sequences, prefill rows whose causal window "
+                       "is empty) are not checked",
     "input_validation": "calls the contract forbids are not made (bad-input claims skipped)",
 }
 

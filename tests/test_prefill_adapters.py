@@ -72,10 +72,11 @@ def test_read_prefill_call_tells_ragged_from_paged_and_names_what_is_missing():
         _paged.read_prefill_call(q, k_cache[0, 0], v_cache, qo_indptr, kv_indptr)
 
 
-@pytest.mark.parametrize("entry", ["math", *FUSED])
+@pytest.mark.parametrize("entry", ["math", *FUSED, "flash_as_served", "efficient_as_served"])
 def test_torch_prefill_entries_declare_themselves_and_refuse_decode(entry):
     function = getattr(torch_sdpa_prefill, entry)
-    assert function.returns_lse is True and function.waives == ("input_validation",)
+    served = ("empty_sequences",) if entry.endswith("_as_served") else ()
+    assert function.returns_lse is True and function.waives == (*served, "input_validation")
     for definition in definitions.built_in(*definitions.PREFILL).values():
         assert function.for_definition(definition) is function
     with pytest.raises(ValueError, match="gqa_paged_decode_h32_kv4_d128_ps1: it is not a causal prefill"):
