@@ -15,7 +15,8 @@
 #                                            # huge-pool shrink), the AccelOpt Solution files
 #   bash benchmarks/gpu_session.sh prefill-adapters # FlashInfer's prefill wrappers (compile, smoke) and torch SDPA's
 #                                            # causal lower-right prefill (flash, efficient, cudnn), each on one paged
-#                                            # ps1, one paged ps64 and one ragged definition; under 9 minutes in all
+#                                            # ps1, one paged ps64 and one ragged definition; under 9 minutes in all;
+#                                            # PREFILL_ENTRIES="..." names other entries (the *_as_served ones)
 #   bash benchmarks/gpu_session.sh isolation # the sanitizer on the planted one-past reader, a faulting kernel under the
 #                                            # run's own MPS server (children outside it), tests/test_isolation.py,
 #                                            # with THROUGHPUT=1 examples/s with isolation off and on
@@ -219,8 +220,8 @@ prefill-adapters)  # each run: --time-budget seconds, then root causes, within i
   prefill=${PREFILL_DEFINITIONS:-$paged,gqa_ragged_prefill_causal_h32_kv4_d128}  # paged ps1, paged ps64, ragged
   rm -rf reports-prefill-* failures-prefill-*
   step flashinfer_prefill_smoke "${SMOKE_LIMIT:-150}" python3 -m adapters.flashinfer_prefill
-  step flashinfer_prefill_lse_models 60 python3 benchmarks/flashinfer_prefill_lse_models.py
-  for impl in adapters/flashinfer_prefill.py:run ${TORCH_PREFILL_ENTRIES:-adapters/torch_sdpa_prefill.py:flash \
+  PYTHONPATH=$PWD:$PYTHONPATH step flashinfer_prefill_lse_models 60 python3 benchmarks/flashinfer_prefill_lse_models.py
+  for impl in ${PREFILL_ENTRIES:-adapters/flashinfer_prefill.py:run adapters/torch_sdpa_prefill.py:flash \
       adapters/torch_sdpa_prefill.py:efficient adapters/torch_sdpa_prefill.py:cudnn}; do
     name=prefill-$(basename "${impl%%.py:*}")-${impl##*:}
     step "$name" $((${BUDGET:-35} + ${PROBE_LIMIT:-30})) "${PYTEST[@]}" properties -n 8 --hypothesis-profile=gpu \
