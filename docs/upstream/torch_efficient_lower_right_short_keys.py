@@ -6,11 +6,13 @@ row i sees keys j <= i + kv_len - q_len. When q_len > kv_len the first q_len - k
 that those rows may be NaN, and that is not what this reproducer judges. It judges the rows that do see a key:
 each must be the softmax over its visible keys. The math and FlashAttention-2 backends give that. The memory-
 efficient (CUTLASS) backend, which the bias dispatches to with ``custom_mask_type=2``, does not when
-q_len > kv_len: its answer for such rows matches neither the lower-right mask nor, always, the top-left one.
+q_len > kv_len: its rows are the top-left (upper-left) mask's, row i seeing keys j <= i, as if the diagonal
+offset kv_len - q_len were clamped at 0 (our reading of the numbers below, not of the kernel's source). So a row
+that must see one key sees two, and the rows that must see none see keys too.
 
 Input: batch 1, 8 heads, head dim 128, bf16, ``scale=None``; (q_len, kv_len) = (3, 2) (the minimal case the
-suite found: rows 1 and 2 see keys 0 and 0..1), then (6, 3), (2, 1), and (4, 4), (5, 7), where q_len <= kv_len, as
-controls.
+suite found: rows 1 and 2 see keys 0 and 0..1), then (6, 3); (2, 1), where both alignments agree on the row
+that sees a key; and (4, 4), (5, 7), where q_len <= kv_len, as controls.
 Expected: float64 softmax over each row's visible keys. Reported: max |error| over the rows that see a key,
 per backend, and whether the efficient backend's rows instead match the top-left (upper-left) mask.
 
@@ -83,3 +85,15 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+# ---- H200 output ----------------------------------------------------------------------------------------------
+# 2026-12-04, one NVIDIA H200 (driver image: torch 2.11, CUDA 13.0): `python3 torch_efficient_lower_right_short_keys.py`, exit status 1
+#
+# torch 2.11.0+cu130, CUDA 13.0, GPU NVIDIA H200
+# batch 1, 8 heads, D=128, bf16; max |error| over the rows that see a key
+# q_len 3, kv_len 2 (rows seeing a key: [1, 2]): math 0.00722 flash 0.00722 efficient 4.16 WRONG (top-left mask: 0.00757)
+# q_len 6, kv_len 3 (rows seeing a key: [3, 4, 5]): math 0.0076 flash 0.0086 efficient 3.8 WRONG (top-left mask: 0.0086)
+# q_len 2, kv_len 1 (rows seeing a key: [1]): math 0 flash 0 efficient 0
+# q_len 4, kv_len 4 (rows seeing a key: [0, 1, 2, 3]): math 0.00726 flash 0.00897 efficient 0.00897
+# q_len 5, kv_len 7 (rows seeing a key: [0, 1, 2, 3, 4]): math 0.00777 flash 0.00777 efficient 0.00777
+# DEFECT: the efficient backend's lower-right mask is wrong on 2 of 5 shapes
