@@ -108,7 +108,7 @@ round)
     --impl=tests/impls/torch_float32.py:run -q
   latest=$(ls -t "$OUT"/runs/iso/*/report.md 2>/dev/null | head -n 1)
   [ -n "$latest" ] && cp "$latest" "$OUT/isolated_report.md"
-  step check_defect 120 python3 -m gqa_decode_fuzz.cli check tests/impls/wrong_kv_head.py:run --out /tmp/checks \
+  step check_defect 200 python3 -m gqa_decode_fuzz.cli check tests/impls/wrong_kv_head.py:run --out /tmp/checks \
     --json "$OUT/check_defect.json"
   step check_correct 200 python3 -m gqa_decode_fuzz.cli check tests/impls/torch_float32.py:run --out /tmp/checks \
     --json "$OUT/check_correct.json"
@@ -229,7 +229,8 @@ prefill-adapters)  # each run: --time-budget seconds, then root causes, within i
       "--run-report=reports-$name" "--failures-dir=failures-$name"
     for report in "reports-$name"/*/report.md; do  # the verdict and the head of the verdict table
       [ -e "$report" ] && { echo "#### $name: $report"; head -n 40 "$report" | cut -c1-400
-        sed -n '/distinct failure/,/^## /p' "$report" | head -n 40; } >>"$OUT/prefill_verdicts.md"
+        sed -n '/distinct failure/,/^## /p' "$report" | head -n 40
+        sed -n '/^| property | verdict/,/^$/p' "$report" | cut -c1-300; } >>"$OUT/prefill_verdicts.md"
     done
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
