@@ -90,6 +90,19 @@ class PrefillCase:
         """Per sequence, the keys each of its query rows sees (0 for a row that sees none)."""
         return [[max(0, min(i + kv - q + 1, kv)) for i in range(q)] for q, kv in zip(self.q_lens, self.kv_lens)]
 
+    def sequence_kinds(self) -> list[str]:
+        """Per sequence, which of the edges the strategy weights it is (the run report counts them): no queries, no
+        keys, one query (decode), a fresh prefill (q_len = kv_len), a chunk after a prefix (q_len < kv_len), or
+        more queries than keys (rows that see no key)."""
+        def kind(q: int, kv: int) -> str:
+            if not q or not kv:
+                return "no queries" if not q else "no keys"
+            if q == 1:
+                return "one query"
+            return "fresh (q = kv)" if q == kv else "chunk after a prefix (q < kv)" if q < kv else "q > kv"
+
+        return [kind(q, kv) for q, kv in zip(self.q_lens, self.kv_lens)]
+
     def choices(self) -> dict[str, str]:
         """The drawn choices by name, as the run report counts them (coverage)."""
         pages = "ragged" if self.ragged else self.page_layout

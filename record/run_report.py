@@ -44,8 +44,9 @@ _BUCKETS = {
     "pool pages": ([16, 256, 4096, 65536], ["<=16", "17-256", "257-4096", "4097-65536", ">65536"]),
     "worst err/bound": ([0.01, 0.1, 0.5, 1.0], ["<=0.01", "0.01-0.1", "0.1-0.5", "0.5-1", ">1 (fail)"]),
 }
-DIMENSIONS = ("batch", "length", "empty", "pool pages", "page layout", "pool fill", "scale", "values",
-              "q layout", "kv layout", "index layout", "worst err/bound")
+_BUCKETS["query length"] = _BUCKETS["length"]  # causal prefill: queries per sequence ("length" counts its keys)
+DIMENSIONS = ("batch", "length", "query length", "prefill sequence", "empty", "pool pages", "page layout",
+              "pool fill", "scale", "values", "q layout", "kv layout", "index layout", "worst err/bound")
 _WORST_LABEL = re.compile(r"err/bound|worst", re.IGNORECASE)
 
 
@@ -86,6 +87,10 @@ class Tally:
         self.counts["batch"][bucket("batch", len(lengths))] += 1
         for length in lengths:
             self.counts["length"][bucket("length", length)] += 1
+        for q_len in getattr(case, "q_lens", ()):
+            self.counts["query length"][bucket("query length", q_len)] += 1
+        for kind in case.sequence_kinds() if hasattr(case, "sequence_kinds") else ():
+            self.counts["prefill sequence"][kind] += 1
         empty = sum(1 for n in lengths if n == 0)
         self.counts["empty"]["none" if not empty else "all" if empty == len(lengths) else "some"] += 1
         if pool_pages is not None:

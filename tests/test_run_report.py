@@ -368,3 +368,17 @@ def test_the_stage_table_gives_medians_and_shares_that_add_up_with_first_example
     assert rows["kernel"][0] == "0.395" and rows["generation"][:2] == ["1.000", "1.000"]  # the first call left out
     assert sum(float(rows[name][3].rstrip("%")) for name in columns) == pytest.approx(100.0, abs=0.2)
     assert "40 examples timed" in text and "First examples (1: compilation, loading): median 1608.0 ms" in text
+
+
+def test_a_prefill_case_is_counted_by_query_length_and_the_edge_each_sequence_is():
+    from gqa_decode_fuzz.generation.prefill_cases import PrefillCase
+
+    tally = run_report.Tally()
+    tally.add_case(PrefillCase(q_lens=(1, 5, 3, 6, 0, 2), kv_lens=(9, 5, 130, 3, 4, 0),
+                               definition="gqa_paged_prefill_causal_h32_kv4_d128_ps1"), 64)
+    assert tally.counts["prefill sequence"] == {"one query": 1, "fresh (q = kv)": 1, "q > kv": 1,
+                                                "chunk after a prefix (q < kv)": 1, "no queries": 1, "no keys": 1}
+    assert tally.counts["query length"] == {"0": 1, "1": 1, "2-16": 4}
+    assert tally.counts["length"]["129-1024"] == 1  # "length" counts a sequence's keys
+    tally.add_case(CASE, 64)  # a decode case adds to neither
+    assert sum(tally.counts["prefill sequence"].values()) == 6 and sum(tally.counts["query length"].values()) == 6
