@@ -8,33 +8,26 @@ import functools
 import io
 import multiprocessing.connection
 import multiprocessing.reduction
-import multiprocessing.spawn
 import os
 import pickle
 import re
-import shutil
 import signal
-import stat
-import sys
-import tempfile
-import threading
-import types
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 import torch.multiprocessing
 
-from . import devices, examples, isolation_child
+from . import child_start, examples
+from .child_start import Launch, Started
 from .containment import is_sticky_cuda_error
 from .isolation import (
     BASE_TIMEOUT_S,
     CALL_TIMEOUT_ENV,
     PER_TOKEN_S,
     SANITIZE_EVERY,
-    SANITIZER_ENV,
     ImplementationCrashed,
     ImplementationFailed,
     ImplementationHung,
@@ -55,8 +48,6 @@ START_TIMEOUT_S = 120.0  # spawn, import torch and the target (and a sanitizer's
 SANITIZED_SLOWDOWN = 10.0  # a sanitized child's calls may take this many times the deadline: instrumented kernels
 # and a Triton compile under compute-sanitizer run far slower than plain ones
 LOG_TAIL_LINES = 30
-# Environment variables that tell a process it runs under the suite: the child starts without them.
-_TELLING_PREFIXES = ("PYTEST_", "GQA_DECODE_", "HYPOTHESIS", "_PYTEST")
 
 __all__ = ["Child", "IsolatedImpl", "Launch", "load_isolated_target"]
 
@@ -197,86 +188,6 @@ def _reraised(description: dict) -> BaseException:
     return error
 
 
-def _outside_mps(launch: Launch, directory: Path) -> dict[str, str]:
-    """The environment that starts a CUDA child outside the run's MPS server, where the GPUs allow processes beside
-    one: under MPS one process's fault reaches every process on its GPU, its parent's checker among them.
-    Time-sliced, the child's fault is its own, an ordinary failure of its call. Empty elsewhere."""
-    if launch.device == "cpu" or devices.mps_control_pipe() is None or not _shared_compute_mode():
-        return {}
-    outside = directory / "outside-mps"  # no control pipe in it: the driver gives the child a context of its own
-    outside.mkdir()
-    return {devices.MPS_PIPE_ENV: str(outside)}
-
-
-@functools.lru_cache(maxsize=1)
-def _shared_compute_mode() -> bool:
-    return devices.shared_compute_mode()
-
-
-# ---- starting a child without telling it it is under test ---------------------------------------
-
-
-@contextlib.contextmanager
-def _neutral_start(executable: str | None, extra_env: dict[str, str]) -> Iterator[None]:
-    """While a child starts: no pytest, Hypothesis or suite variables in its environment, no ``__main__`` for
-    spawn to import again (a ``pytest`` script would bring pytest in), and ``executable`` (a sanitizer wrapper)
-    instead of this Python. The one process-wide change is undone at once."""
-    saved_env = {name: value for name, value in os.environ.items() if name.startswith(_TELLING_PREFIXES)}
-    saved_extra = {name: os.environ.get(name) for name in extra_env}
-    main, exe = sys.modules.get("__main__"), multiprocessing.spawn.get_executable()
-    with _START_LOCK:
-        try:
-            for name in saved_env:
-                del os.environ[name]
-            os.environ.update(extra_env)
-            sys.modules["__main__"] = types.ModuleType("__main__")
-            if executable is not None:
-                multiprocessing.spawn.set_executable(executable)
-            yield
-        finally:
-            multiprocessing.spawn.set_executable(exe)
-            if main is not None:
-                sys.modules["__main__"] = main
-            for name, value in saved_extra.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            os.environ.update(saved_env)
-
-
-_START_LOCK = threading.Lock()
-PRINT_LIMIT = 10**9  # compute-sanitizer's --print-limit: errors it prints before it stops printing them
-
-
-def _sanitizer_wrapper(tool: str, directory: Path) -> tuple[str, Path]:
-    """A script that starts Python under ``compute-sanitizer --tool TOOL``, logging to a file; both paths."""
-    sanitizer = os.environ.get(SANITIZER_ENV) or shutil.which("compute-sanitizer")
-    if sanitizer is None:
-        raise FileNotFoundError("--sanitize needs NVIDIA's compute-sanitizer on PATH (or GQA_DECODE_SANITIZER)")
-    log = directory / f"{tool}.log"
-    wrapper = directory / "python-under-sanitizer"
-    # --destroy-on-device-error kernel: a precise error ends the kernel, not the context, so the child lives on.
-    # Every error printed: under the default limit (100) a long-lived child's later errors go unlogged and a
-    # shrink sees its failing example pass (memcheck logs each faulting thread).
-    wrapper.write_text(f"#!/bin/sh\nexec '{sanitizer}' --tool {tool} --log-file '{log}' --print-limit {PRINT_LIMIT} "
-                       "--destroy-on-device-error kernel "
-                       f"'{sys.executable}' \"$@\"\n", encoding="utf-8")
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    return str(wrapper), log
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What a child needs: the ``--impl`` spec and the root its relative path resolves against, the device
-    choice, and a sanitizer tool (None: plain). Definitions travel with the calls (``IsolatedImpl.for_definition``)."""
-
-    spec: str
-    root: Path
-    device: str
-    sanitize: str | None = None
-
-
 _BACKTRACE_FRAME = re.compile(r"\s*frame #\d+: ")
 
 
@@ -303,24 +214,14 @@ class Child:
     """One child process serving calls of the target; ``call`` raises ``ImplementationFailed`` when it dies,
     hangs or (sanitized) logs an error. A dead child stays dead: the ``IsolatedImpl`` starts another."""
 
-    def __init__(self, launch: Launch) -> None:
-        self.launch = launch
-        self.directory = Path(tempfile.mkdtemp(prefix="gqa-decode-impl-"))
-        self.log = self.directory / "child.log"
-        executable, self.sanitizer_log = None, None
-        extra_env = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"} if launch.sanitize else {}
-        extra_env.update(_outside_mps(launch, self.directory))
-        if launch.sanitize:
-            executable, self.sanitizer_log = _sanitizer_wrapper(launch.sanitize, self.directory)
-        context = torch.multiprocessing.get_context("spawn")
-        self.connection, theirs = context.Pipe()
-        payload = {"spec": launch.spec, "root": str(launch.root), "device": launch.device,
-                   "log": str(self.log), "sanitize": launch.sanitize}
-        self.process = context.Process(target=isolation_child.main, args=(theirs, payload),
-                                       name="gqa-decode-impl", daemon=False)
-        with _neutral_start(executable, extra_env):
-            self.process.start()
-        theirs.close()
+    def __init__(self, launch: Launch, started: Started | None = None) -> None:
+        """Start the child for ``launch``, or take one ``child_start.start`` began for it, and wait till it is
+        ready (its declarations) or has refused (``ChildRefused``)."""
+        if started is not None and started.launch != launch:
+            raise ValueError(f"a child started for {started.launch} cannot serve {launch}")
+        self.started = started if started is not None else child_start.start(launch)
+        self.launch, self.process, self.connection = launch, self.started.process, self.started.connection
+        self.log, self.sanitizer_log = self.started.log, self.started.sanitizer_log
         self.unreleased: list = []  # the CUDA shares of the call in flight (``_release_shares``)
         self.sanitizer_seen = 0  # bytes of the sanitizer's log already read
         kind, said = self._receive(START_TIMEOUT_S + float(os.environ.get(CALL_TIMEOUT_ENV) or BASE_TIMEOUT_S),
@@ -427,20 +328,10 @@ class Child:
                                  + "\n".join(new[:200]))
 
     def stop(self) -> None:
-        """End the process (politely when idle, killed otherwise) and remove its folder."""
-        with contextlib.suppress(OSError, ValueError):
-            if self.process.is_alive():
-                with contextlib.suppress(BrokenPipeError, ConnectionError, OSError):
-                    self.connection.send(("stop",))
-                self.process.join(0.5)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(5)
+        """End the process (politely when idle, killed otherwise), release what it held and remove its folder."""
+        self.started.stop()
         if self.unreleased and not self.process.is_alive():
             _release_shares(self.unreleased)
-        with contextlib.suppress(OSError):
-            self.connection.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _refusal(description: Any) -> str:
@@ -504,12 +395,13 @@ class SanitizerShare:
 
 class IsolatedImpl:
     """The callable the properties call in place of the implementation: each call runs in a child (``Child``),
-    started at construction (for the target's declarations) and again after one dies."""
+    started at construction (for the target's declarations; ``started``: the plain child, already spawned) and
+    again after one dies."""
 
-    def __init__(self, launch: Launch, sanitize_every: int = SANITIZE_EVERY) -> None:
+    def __init__(self, launch: Launch, sanitize_every: int = SANITIZE_EVERY, started: Started | None = None) -> None:
         self.launch = launch
         self.__name__ = self.__qualname__ = f"isolated {launch.spec}"
-        self._children: dict[bool, Child | None] = {False: Child(replace(launch, sanitize=None)), True: None}
+        self._children: dict[bool, Child | None] = {False: Child(replace(launch, sanitize=None), started), True: None}
         self.declarations = self._children[False].declarations
         if self.declarations.get("serves_several"):  # what ``Target.serves_several`` looks for
             self.for_definition = self._for_definition
@@ -593,11 +485,13 @@ def _raise_plainly(failure: ImplementationFailed) -> NoReturn:
     raise failure.with_traceback(None)
 
 
-def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY) -> Target:
-    """The ``Target`` of ``launch.spec`` loaded in a child: its declarations as the child reports them, checked
-    here, and an ``IsolatedImpl`` as its function. A target the child cannot load raises ``ImplSpecError``."""
+def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY,
+                         started: Started | None = None) -> Target:
+    """The ``Target`` of ``launch.spec`` loaded in a child (``started``: one already spawned for it): its
+    declarations as the child reports them, checked here, and an ``IsolatedImpl`` as its function. A target the
+    child cannot load raises ``ImplSpecError``."""
     try:
-        function = IsolatedImpl(launch, sanitize_every)
+        function = IsolatedImpl(launch, sanitize_every, started)
     except ChildRefused as error:
         said = str(error)
         raise ImplSpecError(said if said.startswith("--impl=") else f"--impl={launch.spec!r}: {said}") from None
@@ -609,14 +503,21 @@ def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY) -
 
 
 def load_target_for(spec: str, root: Path, device_type: str, definition: Any = None, *, isolated: bool,
-                    sanitize: str | None = None, sanitize_every: int = SANITIZE_EVERY) -> Target:
+                    sanitize: str | None = None, sanitize_every: int = SANITIZE_EVERY,
+                    started: Started | None = None) -> Target:
     """The ``Target`` of ``spec`` as the suite and the replay load it: imported here, or (``isolated``) in a child
-    process (``load_isolated_target``), a Solution file read here and its code run in the child only.
-    ``definition``: the one asked for, if any (a Solution file for another is refused)."""
+    process (``load_isolated_target``; ``started``: its plain child, already spawned), a Solution file read here
+    and its code run in the child only. ``definition``: the one asked for, if any (a Solution file for another is
+    refused)."""
     if not isolated:
         return load_target(spec, root=root, definition=definition)
     solution = None
     if spec.endswith(".json"):
-        solution, definition = solution_and_definition(spec, root, definition)
-    target = load_isolated_target(Launch(spec, root, device_type, sanitize=sanitize), sanitize_every)
+        try:
+            solution, definition = solution_and_definition(spec, root, definition)
+        except BaseException:
+            if started is not None:
+                started.stop()
+            raise
+    target = load_isolated_target(Launch(spec, root, device_type, sanitize=sanitize), sanitize_every, started)
     return replace(target, solution=solution, definition=definition) if solution else target

@@ -45,7 +45,7 @@ import pytest
 from hypothesis import settings
 from xdist import get_xdist_worker_id, is_xdist_controller, is_xdist_worker
 
-from gqa_decode_fuzz.engine import devices, examples, isolation
+from gqa_decode_fuzz.engine import child_start, devices, examples, isolation
 from gqa_decode_fuzz.engine.target import (
     DEFAULT_IMPL,
     DeviceError,
@@ -182,6 +182,7 @@ class RunPlan:
     no_mps_server: str | None = None  # why starting one failed, for the header
     isolated: bool = False  # the implementation runs in a child process (``isolation``)
     deadline: float | None = None  # --time-budget: no test starts after this time.time()
+    child: child_start.Started | None = None  # isolated, not a controller: the child, spawned before torch is here
 
 
 @dataclass(frozen=True)
@@ -245,10 +246,12 @@ def _run_plan(config: pytest.Config) -> RunPlan:
         elif controller:  # without torch: the workers start before this process imports it
             device = device_type(option.device)
             check_spec(option.impl, root=config.rootpath, find=not isolated)  # the rest: once they are starting
-        else:
-            device = resolve_device(option.device).type
+        else:  # without torch too: its import here overlaps the child's (``_run_state`` has torch confirm it)
+            device = device_type(option.device)
     except (DeviceError, ImplSpecError) as error:
         raise pytest.UsageError(str(error)) from None
+    child = child_start.start(child_start.Launch(option.impl, config.rootpath, device)) if (
+        isolated and not controller) else None
     # The controller names the run and its workers inherit the name; a worker then drops it, so that a
     # pytest it starts (tests/ does) is a run of its own.
     run_id = os.environ.pop(RUN_ID_ENV, None) if worker else None
@@ -272,7 +275,7 @@ def _run_plan(config: pytest.Config) -> RunPlan:
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
         controller=controller, claims_dir=claims_dir, made_dirs=made, mps_server=server, no_mps_server=no_server,
-        isolated=isolated, deadline=deadline,
+        isolated=isolated, deadline=deadline, child=child,
     )
 
 
@@ -301,7 +304,7 @@ def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, def
 
     option = config.option
     return load_target_for(plan.spec, config.rootpath, device.type, definition, isolated=plan.isolated,
-                           sanitize=option.sanitize, sanitize_every=option.sanitize_every)
+                           sanitize=option.sanitize, sanitize_every=option.sanitize_every, started=plan.child)
 
 
 def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_server.Server | None, str | None]:
@@ -325,7 +328,7 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         # Not given: the seed's, or a Solution file's own (load_target refuses one that disagrees with a given one).
         # --definition=all is every built-in of every op type; each property runs for the definitions of its own.
         chosen = definitions.select(option.definition, config.rootpath) if option.definition else None
-        device = confirm_device(option.device, plan.device) if plan.controller else resolve_device(plan.device)
+        device = resolve_device(plan.device) if plan.worker else confirm_device(option.device, plan.device)
         target = _load_target(config, plan, device, chosen[0] if chosen else None)
         chosen = chosen or (target.definition or definitions.SEED,)
         try:
@@ -335,6 +338,8 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
                 target.function.close()
             raise
     except (DeviceError, ImplSpecError, definitions.DefinitionError) as error:
+        if plan.child is not None:  # not taken, or its target's close above: stopping it again is harmless
+            plan.child.stop()
         where = "xdist worker on the run's device: " if plan.worker else ""
         raise pytest.UsageError(f"{where}{error}") from None
     workload_cases = _workload_cases(option.workloads, config.rootpath, chosen)
