@@ -40,6 +40,9 @@
 #   bash benchmarks/gpu_session.sh finish    # issue 25's last verdicts: compute-sanitizer's version and options,
 #                                            # tests/test_isolation.py -n 20, the sanitizer on the one-past reader's
 #                                            # explicit example and on a property it must shrink (case file, report)
+#   bash benchmarks/gpu_session.sh first-failure # time to first failure: the seed design's single-defect mutants,
+#                                            # one at a time without shrinking, and `check --first-failure` on one;
+#                                            # BEFORE=dir the mutants for an older checkout instead
 #   bash benchmarks/gpu_session.sh production # ENTRIES="NAME=IMPL ..." each across the family (DEFINITION, default
 #                                            # all) at EXAMPLES per property (default 40) for BUDGET s (--time-budget,
 #                                            # default 120), root causes included; FlashInfer compiled first when
@@ -277,6 +280,22 @@ finish)
     --run-report=none --impl=tests/impls/reads_one_past.py:run --sanitize=memcheck --sanitize-every=1 \
     --max-examples=10 --failures-dir=failures-shrink
   case_file_errors failures-explicit/*.pt failures-shrink/*.pt
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+first-failure)
+  nvidia-smi -L | tee -a "$OUT/summary.txt"
+  mutants=$(python3 benchmarks/mutant_report.py --list | awk -F'|' '$5 ~ /^ *seed *$/ && $6 ~ /CPU/ {gsub(/ /, "", $2); print $2}')
+  if [ -n "${BEFORE:-}" ]; then  # its own namespace: the older checkout's folders, not this one's
+    step before_first_failure 560 bash -c "cd '$BEFORE' && unset PYTHONPATH && . benchmarks/namespace.sh && \
+      python3 benchmarks/mutant_report.py --device=cuda --jobs=1 --no-shrink $(echo $mutants)"
+  else
+    # shellcheck disable=SC2086  # one argument per mutant name
+    step first_failure 420 python3 benchmarks/mutant_report.py --device=cuda --jobs=1 --no-shrink $mutants
+    for run in 1 2 3; do
+      step "check_first_failure_$run" 60 python3 -m gqa_decode_fuzz.cli check tests/impls/wrong_kv_head.py:run \
+        --first-failure --out /tmp/checks --json "$OUT/check_first_failure_$run.json"
+    done
+  fi
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 production)  # appends to $OUT's summary and digest, so several runs can share one $OUT (TAG names their logs)

@@ -2,7 +2,8 @@
 
 Columns: the mutant's defect class, its tier and the definition it runs under (``seed``: the seed's),
 killed or not, the property that killed it, examples that property ran up to its
-first failing one (explicit @examples included), wall and CPU seconds of the whole subprocess (a few seconds of it are
+first failing one (explicit @examples included), seconds from the run's first example to its first failing one,
+wall and CPU seconds of the whole subprocess (a few seconds of it are
 imports; CPU time is the steadier figure on a shared machine), and the size of the
 shrunk counterexample (batch, longest sequence).
 
@@ -16,6 +17,7 @@ Exit status 1 when a selected mutant is not killed.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -26,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.corpus import MUTANTS, SuiteRun, by_name, run_suite  # noqa: E402
 
-COLUMNS = ("mutant", "class", "tier", "definition", "verdict", "killed by", "examples to 1st failure", "wall s",
+COLUMNS = ("mutant", "class", "tier", "definition", "verdict", "killed by", "examples to 1st failure",
+           "s to 1st failure", "wall s",
            "cpu s", "batch", "longest")
 
 
@@ -47,7 +50,8 @@ def row(run: SuiteRun) -> tuple[str, ...]:
     return (
         _cell(run.mutant.name), _cell(run.mutant.defect_class), run.mutant.contract, _definition(run.mutant),
         run.verdict, _property_name(run.failed[0]) if run.failed else "-", _cell(run.examples_to_failure),
-        f"{run.seconds:.1f}", _cell(run.cpu_seconds), _cell(run.batch), _cell(run.longest),
+        _cell(run.first_example_to_failure), f"{run.seconds:.1f}", _cell(run.cpu_seconds), _cell(run.batch),
+        _cell(run.longest),
     )
 
 
@@ -68,6 +72,17 @@ def findings(runs: list[SuiteRun], max_batch: int) -> list[str]:
         elif run.batch is not None and run.batch > max_batch:
             notes.append(f"- {run.mutant.name}: shrunk only to lengths={run.shrunk_lengths}")
     return notes
+
+
+def medians(killed: list[SuiteRun]) -> str:
+    """The killed runs' medians: seconds from the first example to the first failure, and of the whole run."""
+    if not killed:
+        return "no kill to take medians of"
+    to_failure = [run.first_example_to_failure for run in killed if run.first_example_to_failure is not None]
+    first = f"{statistics.median(to_failure):.2f} s" if to_failure else "-"
+    return (f"medians over {len(killed)} kills: {first} from the first example to the first failure, "
+            f"{statistics.median(run.seconds for run in killed):.1f} s of pytest wall time "
+            f"(range {min(run.seconds for run in killed):.1f}-{max(run.seconds for run in killed):.1f} s)")
 
 
 def corpus_listing() -> str:
@@ -126,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                f"({args.jobs} at a time{', without shrinking' if args.no_shrink else ''}"
                f"{', generated examples only' if args.generated_only else ''})")
     notes = findings(runs, args.max_batch)
-    text = "\n".join([table, "", summary, *notes])
+    text = "\n".join([table, "", summary, medians([run for run in runs if run.killed]), *notes])
     print(text)
     if args.markdown:
         args.markdown.write_text(text + "\n")

@@ -7,7 +7,8 @@ Three options, all off by default:
     one (explicit ``@example``s first, then generated ones) and write them to FILE
     as JSON at session end, with the session's CPU time (steadier than wall time
     on a shared machine): ``{"cpu_seconds": s, "tests": {nodeid: {"examples": n,
-    "first_failure": k or null, "seconds_to_first_failure": s or null}}}``. It wraps each test's
+    "first_failure": k or null, "seconds_to_first_failure": s or null}}, "first_example_to_failure": s or null}``
+    (the last: seconds from the session's first example to its first failing one). It wraps each test's
     ``.hypothesis.inner_test``, the hook Hypothesis provides for wrapping. Invalid
     draws (``assume``, overruns) are not counted; shrinking and the final replay
     come after the first failure and do not change the count.
@@ -47,6 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(trylast=True)  # after the hypothesis plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     config.corpus_records = {}
+    config.corpus_clock = {"first_example": None, "first_failure": None}  # perf_counter() of each, session-wide
     dropped = set()
     if config.option.corpus_no_shrink:
         dropped |= {Phase.shrink, Phase.explain}
@@ -64,11 +66,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in first)  # stable: keeps order within
 
 
-def _counting(inner, record: dict):
+def _counting(inner, record: dict, clock: dict):
     started = time.perf_counter()
 
     @functools.wraps(inner)
     def counted(*args, **kwargs):
+        if clock["first_example"] is None:
+            clock["first_example"] = time.perf_counter()
         try:
             result = inner(*args, **kwargs)
         except (HypothesisException, StopTest):
@@ -78,6 +82,8 @@ def _counting(inner, record: dict):
                 record["examples"] += 1
                 record["first_failure"] = record["examples"]
                 record["seconds_to_first_failure"] = round(time.perf_counter() - started, 2)
+            if clock["first_failure"] is None:
+                clock["first_failure"] = time.perf_counter()
             raise
         if record["first_failure"] is None:
             record["examples"] += 1
@@ -96,7 +102,7 @@ def pytest_runtest_call(item: pytest.Item):
         item.nodeid, {"examples": 0, "first_failure": None, "seconds_to_first_failure": None}
     )
     inner = handle.inner_test
-    handle.inner_test = _counting(inner, record)
+    handle.inner_test = _counting(inner, record, item.config.corpus_clock)
     try:
         yield
     finally:
@@ -107,5 +113,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = session.config.option.corpus_record
     if path:
         with open(path, "w") as stream:
-            json.dump({"cpu_seconds": round(time.process_time(), 1), "tests": session.config.corpus_records}, stream,
-                      indent=1)
+            clock = session.config.corpus_clock
+            after = (None if clock["first_failure"] is None
+                     else round(clock["first_failure"] - clock["first_example"], 2))
+            json.dump({"cpu_seconds": round(time.process_time(), 1), "tests": session.config.corpus_records,
+                       "first_example_to_failure": after}, stream, indent=1)

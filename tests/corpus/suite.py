@@ -40,6 +40,7 @@ class SuiteRun:
     cpu_seconds: float | None  # its CPU time, as the child measured it; None when it crashed
     failed: tuple[str, ...]  # node ids of failed tests
     examples_to_failure: int | None  # of the first failed test; None when not a @given test
+    first_example_to_failure: float | None  # seconds from the run's first example to its first failing one
     shrunk_lengths: tuple[int, ...] | None  # the falsifying case's lengths, when it is a DecodeCase
     output: str
 
@@ -140,5 +141,6 @@ def run_suite(
     return SuiteRun(
         mutant=mutant, returncode=returncode, seconds=seconds, cpu_seconds=records.get("cpu_seconds"),
         failed=failed,
-        examples_to_failure=first, shrunk_lengths=_shrunk_lengths(output) if failed else None, output=output,
+        examples_to_failure=first, first_example_to_failure=records.get("first_example_to_failure"),
+        shrunk_lengths=_shrunk_lengths(output) if failed else None, output=output,
     )
