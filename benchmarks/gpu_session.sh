@@ -43,6 +43,9 @@
 #   bash benchmarks/gpu_session.sh first-failure # time to first failure: the seed design's single-defect mutants,
 #                                            # one at a time without shrinking, and `check --first-failure` on one;
 #                                            # BEFORE=dir the mutants for an older checkout instead
+#   bash benchmarks/gpu_session.sh timeline  # the phases of a -x run of two single-defect mutants (cold, then warm
+#                                            # caches) and of `check --first-failure` (benchmarks/startup_probe.py);
+#                                            # BEFORE=dir the mutants for an older checkout too
 #   bash benchmarks/gpu_session.sh production # ENTRIES="NAME=IMPL ..." each across the family (DEFINITION, default
 #                                            # all) at EXAMPLES per property (default 40) for BUDGET s (--time-budget,
 #                                            # default 120), root causes included; FlashInfer compiled first when
@@ -295,6 +298,39 @@ first-failure)
       step "check_first_failure_$run" 60 python3 -m gqa_decode_fuzz.cli check tests/impls/wrong_kv_head.py:run \
         --first-failure --out /tmp/checks --json "$OUT/check_first_failure_$run.json"
     done
+  fi
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+timeline)
+  nvidia-smi -L | tee -a "$OUT/summary.txt"
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  probe_mutant() {  # probe_mutant TAG MUTANT: its suite command under the startup probe, the phases to summary.txt
+    local log=$OUT/probe-$1.jsonl t0
+    local command
+    command=$(python3 -c 'import sys; from pathlib import Path; from tests.corpus import by_name
+from tests.corpus.materialise import materialise; from tests.corpus.suite import suite_command
+m = by_name(sys.argv[1]); w = Path("/tmp/timeline"); w.mkdir(exist_ok=True)
+print(" ".join(suite_command(m, materialise(m, w), w, device="cuda", shrink=False)))' "$2")
+    t0=$(date +%s.%N)
+    # shellcheck disable=SC2086  # the command's words
+    STARTUP_PROBE_LOG=$log STARTUP_PROBE_T0=$t0 step "timeline_$1" 120 ${command/-m pytest/-m pytest -p benchmarks.startup_probe}
+    echo "phases of $1 (s from the start):" >>"$OUT/summary.txt"
+    python3 benchmarks/startup_probe.py "$log" "$t0" >>"$OUT/summary.txt" 2>&1
+  }
+  for mutant in lse_natural_log accumulator_not_rescaled; do
+    probe_mutant "$mutant-cold" "$mutant"
+    probe_mutant "$mutant-warm" "$mutant"
+  done
+  log=$OUT/probe-check.jsonl t0=$(date +%s.%N)
+  STARTUP_PROBE_LOG=$log STARTUP_PROBE_T0=$t0 step check_first_failure 90 python3 -m gqa_decode_fuzz.cli check \
+    tests/impls/wrong_kv_head.py:run --first-failure --out /tmp/checks -- -p benchmarks.startup_probe
+  echo "phases of check --first-failure (s from the start):" >>"$OUT/summary.txt"
+  python3 benchmarks/startup_probe.py "$log" "$t0" >>"$OUT/summary.txt" 2>&1
+  if [ -n "${BEFORE:-}" ]; then
+    (cd "$BEFORE" && unset PYTHONPATH && . benchmarks/namespace.sh && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} &&
+      OUT=$OUT/before; mkdir -p "$OUT"; for mutant in lse_natural_log accumulator_not_rescaled; do
+        probe_mutant "$mutant-warm" "$mutant"; done)
+    cat "$OUT/before/summary.txt" >>"$OUT/summary.txt"
   fi
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;

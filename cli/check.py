@@ -10,6 +10,7 @@ workload. Exit status: 0 pass, 1 fail, 2 error (one line on stderr says what). S
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -20,17 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from gqa_decode_fuzz.engine import solutions, target
-from gqa_decode_fuzz.record import casefiles
 from gqa_decode_fuzz.reference import definitions
 
 from . import ERROR, CommandError
-from .workload_export import export
 
 HELP = "run the property suite on one implementation and print its verdict (exit 0 pass, 1 fail, 2 error)"
 EXIT = {"pass": 0, "fail": 1, "error": ERROR}
 PROBE_ALLOWANCE_S = 600  # past --time-budget: the test in flight and the root-cause probes (at most 300 s)
 _FAILING = ("failed", "crashed")
 _DATABASE_ENVS = ("GQA_DECODE_REDIS_URL", "GQA_DECODE_NIGHTLY_REPO")  # shared databases: not replayed by a check
+# What reads the verdict back (case files, workloads) imports torch: loaded while the suite runs, not before it.
+_VERDICT_MODULE = "gqa_decode_fuzz.cli.workload_export"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,17 +109,23 @@ def _environment(run_dir: Path) -> dict[str, str]:
     return env
 
 
-def _run_suite(args: argparse.Namespace, spec: str, run_dir: Path) -> subprocess.CompletedProcess:
+def _run_suite(args: argparse.Namespace, spec: str, run_dir: Path) -> int:
+    """Run the suite; pytest's exit status. The verdict's reader is imported meanwhile (torch: seconds)."""
     limit = (args.time_budget or 0) + PROBE_ALLOWANCE_S if args.time_budget else None
     with open(run_dir / "pytest.log", "w", encoding="utf-8") as log:
-        try:
-            # in the caller's folder, as pytest run there: a target's own imports resolve as they do for the caller
-            return subprocess.run(_pytest_command(args, spec, run_dir),
-                                  env=_environment(run_dir), stdout=log, stderr=subprocess.STDOUT, text=True,
-                                  timeout=limit)
-        except subprocess.TimeoutExpired:
-            raise CommandError(f"the suite ran past --time-budget plus {PROBE_ALLOWANCE_S} s and was stopped; "
-                               f"its output: {run_dir / 'pytest.log'}") from None
+        # in the caller's folder, as pytest run there: a target's own imports resolve as they do for the caller
+        with subprocess.Popen(_pytest_command(args, spec, run_dir), env=_environment(run_dir), stdout=log,
+                              stderr=subprocess.STDOUT, text=True) as suite:
+            try:
+                importlib.import_module(_VERDICT_MODULE)
+                return suite.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                suite.kill()
+                raise CommandError(f"the suite ran past --time-budget plus {PROBE_ALLOWANCE_S} s and was stopped; "
+                                   f"its output: {run_dir / 'pytest.log'}") from None
+            except BaseException:  # Ctrl-C or a failed import: the suite does not outlive this command
+                suite.kill()
+                raise
 
 
 def _report_dir(run_dir: Path) -> Path | None:
@@ -142,6 +149,10 @@ def _causes(report: dict, entries: dict, trace_set: Path) -> list[dict]:
                   "representative": {"case_file": entry.get("case_file"), "error": entry.get("error"),
                                      "case": None, "definition": None}}
                  for name, entry in entries.items() if entry["verdict"] in _FAILING]
+    from gqa_decode_fuzz.record.casefiles import replay_command  # both imported while the suite ran (_run_suite)
+
+    from .workload_export import export
+
     result = []
     for cause in found:
         rep = cause["representative"]
@@ -150,7 +161,7 @@ def _causes(report: dict, entries: dict, trace_set: Path) -> list[dict]:
         result.append({"summary": cause["summary"], "properties": cause["properties"], "case": rep.get("case"),
                        "definition": rep.get("definition") or workload.get("line", {}).get("definition"),
                        "error": rep.get("error"), "case_file": case_file,
-                       "replay": casefiles.replay_command(case_file) if case_file else None, "workload": workload})
+                       "replay": replay_command(case_file) if case_file else None, "workload": workload})
     return result
 
 
@@ -230,9 +241,9 @@ def _check(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="check-", dir=args.out)).resolve()
     start = time.monotonic()
-    completed = _run_suite(args, spec, run_dir)
+    returncode = _run_suite(args, spec, run_dir)
     # 2 is pytest's "interrupted", which -x under xdist also gives once a property fails
-    stopped_at_first = args.first_failure and completed.returncode == 2
-    if completed.returncode not in (0, 1) and not stopped_at_first:  # refused, interrupted, internal error, none
-        raise CommandError(f"pytest exit {completed.returncode}: {_usage_error(run_dir)}")
-    return _result(args, definitions, run_dir, completed.returncode, time.monotonic() - start)
+    stopped_at_first = args.first_failure and returncode == 2
+    if returncode not in (0, 1) and not stopped_at_first:  # refused, interrupted, internal error, none
+        raise CommandError(f"pytest exit {returncode}: {_usage_error(run_dir)}")
+    return _result(args, definitions, run_dir, returncode, time.monotonic() - start)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gqa_decode_fuzz.record import report_merge
-
 from . import CommandError
 
 HELP = "merge report parts of many hosts into one report"
@@ -36,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Merge; 0 once the report is written, 2 (one line on stderr) for parts that cannot be merged."""
+    # here, not at the top: building the command line loads every subcommand, and this one imports torch
+    from gqa_decode_fuzz.record import report_merge
+
     try:
         report = report_merge.merge_reports(args.dirs, args.out, impl=args.impl, device=args.device,
                                             probe=args.probe, run_id=args.run_id)

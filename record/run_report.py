@@ -785,8 +785,8 @@ def warm_up() -> None:
     FigureCanvasAgg(figure).print_png(io.BytesIO())
 
 
-def write_report(directory: Path, run_id: str) -> Path | None:
-    """Merge the part files into report.md, report.json and summary.png; None when no property ran.
+def write_report(directory: Path, run_id: str, picture: bool = True) -> Path | None:
+    """Merge the part files into report.md, report.json and (``picture``) summary.png; None when no property ran.
 
     report.json leads with ``causes`` (the run's root causes, where properties failed: ``causes.as_json``),
     then maps each property to its merged entry (as before, plus the verdict fields); run.json holds the
@@ -812,7 +812,8 @@ def write_report(directory: Path, run_id: str) -> Path | None:
     report = directory / "report.md"
     workers = ["", "## Workers", "", *workers_table(directory), *_throughput(lines)]
     try:
-        _summary_png(merged, directory / "summary.png", run_id, note=mps_line)
+        if picture:
+            _summary_png(merged, directory / "summary.png", run_id, note=mps_line)
     except ImportError:  # matplotlib missing (a bare GPU image): the report stays, without its picture
         workers += ["", "(no summary.png: matplotlib is not installed)"]
     report.write_text(_markdown(merged, run_id, mps_line, replays, found, isolation_line) + "\n".join(workers)

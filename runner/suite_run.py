@@ -227,6 +227,7 @@ class SuiteRun:
                else None for name in WAIVERS},
         }
         self._deselect_other_op_types(config, items)
+        items.sort(key=_plainest_first)
         for item in items:
             for marker, reason in reasons.items():
                 if reason and marker in item.keywords:
@@ -555,19 +556,20 @@ class SuiteRun:
         writable = directory is not None and directory.is_dir()
         failures = self._failures() if probe else []  # Ctrl-C: the user wants out, not minutes of probes
         if failures and writable:  # the verdicts first: a run stopped while probing still leaves its report
-            self._save_report(directory)
+            self._save_report(directory, picture=False)  # drawn once, below: a second or more per drawing
         self.causes = self._find_causes(failures) if failures else None
         if writable:
             self._save_report(directory)
 
-    def _save_report(self, directory: Path) -> None:
-        """report.md and its files as they stand (the verdicts; the root causes once probed)."""
+    def _save_report(self, directory: Path, picture: bool = True) -> None:
+        """report.md and its files as they stand (the verdicts; the root causes once probed); summary.png too
+        where ``picture``."""
         if self.mps_pipe:
             mps.save(directory, self.mps_pipe, self.replays)
         if self.causes is not None:
             causes.save(directory, self.causes)
         isolation.save(directory, self._isolation_line())
-        self.report_path = run_report.write_report(directory, self.state.plan.run_id)
+        self.report_path = run_report.write_report(directory, self.state.plan.run_id, picture=picture)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         state = self.state
@@ -608,3 +610,13 @@ class SuiteRun:
                 terminalreporter.write_line(line)
             terminalreporter.write_line(f"report: {self.report_path} (summary.png beside it)")
 
+
+
+# The op types' plain properties (output and LSE within the bound): run first, so that under -x the first failure
+# of a kernel that is simply wrong is named by the plainest claim, not by a corruption whose next call it fails.
+_PLAIN_PROPERTY_FILES = ("test_decode.py", "test_prefill.py")
+
+
+def _plainest_first(item: pytest.Item) -> bool:
+    """Sort key (stable): the plain property files' items before the rest, each file's order kept."""
+    return not (item.path.name in _PLAIN_PROPERTY_FILES and shards.in_suite(item.path))

@@ -60,6 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile(DERIVED_PROFILE)
 
 
+@pytest.hookimpl(trylast=True)  # after the suite's own order (its plain properties first): --corpus-first wins
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     first = [path.rstrip("/") for path in config.option.corpus_first]
     if first:
