@@ -46,6 +46,10 @@
 #   bash benchmarks/gpu_session.sh timeline  # the phases of a -x run of two single-defect mutants (cold, then warm
 #                                            # caches) and of `check --first-failure` (benchmarks/startup_probe.py);
 #                                            # BEFORE=dir the mutants for an older checkout too
+#   bash benchmarks/gpu_session.sh anatomy   # where a -x run's time to first failure goes: single-defect mutants, each
+#                                            # with a fresh Triton cache and again warm; each example's ms and the gap
+#                                            # before it (tests/corpus/plugin.py), the kernels Triton compiled
+#                                            # (benchmarks/example_anatomy.py); MUTANTS="..." names others
 #   bash benchmarks/gpu_session.sh production # ENTRIES="NAME=IMPL ..." each across the family (DEFINITION, default
 #                                            # all) at EXAMPLES per property (default 40) for BUDGET s (--time-budget,
 #                                            # default 120), root causes included; FlashInfer compiled first when
@@ -332,6 +336,27 @@ print(" ".join(suite_command(m, materialise(m, w), w, device="cuda", shrink=Fals
         probe_mutant "$mutant-warm" "$mutant"; done)
     cat "$OUT/before/summary.txt" >>"$OUT/summary.txt"
   fi
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+anatomy)
+  nvidia-smi -L | tee -a "$OUT/summary.txt"
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  for mutant in ${MUTANTS:-lse_natural_log accumulator_not_rescaled q_batch_stride_assumed empty_sequence_lse_zero \
+                 tail_logits_not_masked scale_ignored}; do
+    cache=/tmp/anatomy-triton-$mutant
+    rm -rf "$cache"
+    for run in cold warm; do
+      command=$(python3 -c 'import sys; from pathlib import Path; from tests.corpus import by_name
+from tests.corpus.materialise import materialise; from tests.corpus.suite import suite_command
+m = by_name(sys.argv[1]); w = Path("/tmp/anatomy"); w.mkdir(exist_ok=True)
+print(" ".join(suite_command(m, materialise(m, w), w, device="cuda", shrink=False, record=Path(sys.argv[2]))))' \
+        "$mutant" "/tmp/anatomy/$mutant-$run.json")
+      # shellcheck disable=SC2086  # the command's words
+      TRITON_CACHE_DIR=$cache step "anatomy_${mutant}_$run" 120 $command
+      python3 benchmarks/example_anatomy.py "$mutant $run" "/tmp/anatomy/$mutant-$run.json" "$cache" \
+        >>"$OUT/summary.txt" 2>&1
+    done
+  done
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 production)  # appends to $OUT's summary and digest, so several runs can share one $OUT (TAG names their logs)

@@ -120,7 +120,21 @@ def main(connection, launch: dict[str, Any]) -> None:
     except BaseException as error:  # noqa: BLE001 - told to the parent, which raises a usage error
         connection.send(("refused", _describe(error)))
         return
-    _serve(connection, function, device, own_copies=bool(launch.get("sanitize")) and device.type == "cuda")
+    sanitized = bool(launch.get("sanitize"))
+    if "triton" in sys.modules and not sanitized:  # a Triton target: Triton's start while the parent starts
+        _warm_triton(device)
+    _serve(connection, function, device, own_copies=sanitized and device.type == "cuda")
+
+
+def _warm_triton(device) -> None:
+    """Triton's one-off start (``generation.warm_up.warm_triton``) before the first call, which would pay it; a
+    failure is the target's first call's to report."""
+    from gqa_decode_fuzz.generation.warm_up import warm_triton
+
+    try:
+        warm_triton(device)
+    except Exception:  # noqa: BLE001, S110 - the first call meets the same problem and reports it in full
+        pass
 
 
 def _bound(function, definition, bindings: dict):

@@ -38,22 +38,38 @@ class Captured(Generic[Inputs, Outputs]):
     """``function(inputs)`` captured once: fill ``inputs`` in place, then ``replay()`` for the outputs."""
 
     def __init__(self, function: Callable[..., Outputs], inputs: Inputs, pool, *, warm_up: bool) -> None:
-        self.inputs = inputs
-        if warm_up:  # on a side stream: lazy initialisation (cuBLAS handles, workspaces) must not be captured
-            side = torch.cuda.Stream(device=inputs[0].device)
-            side.wait_stream(torch.cuda.current_stream(inputs[0].device))
-            with torch.cuda.stream(side):
-                function(inputs)
-            torch.cuda.current_stream(inputs[0].device).wait_stream(side)
+        self.inputs, self._pool = inputs, pool
+        device = inputs[0].device
+        if warm_up:  # lazy initialisation (cuBLAS handles, workspaces) must not be captured
+            _on_side_stream(device, lambda: function(inputs))
         self.graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA work (none of the suite's, but a kernel's helper might) goes on.
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-            self.outputs = function(inputs)
+        _on_side_stream(device, lambda: self._capture(function))
+
+    def _capture(self, function: Callable[..., Outputs]) -> None:
+        # As torch.cuda.graph captures, without what its entry adds: a device synchronisation, emptying the
+        # allocator's caches (so the next example's pool is cudaMalloc'ed again) and, in some torch versions,
+        # gc.collect(): a cost each new shape paid (docs/performance.md). thread_local: another thread's CUDA
+        # work (none of the suite's, but a kernel's helper might) goes on.
+        self.graph.capture_begin(self._pool, capture_error_mode="thread_local")
+        try:
+            self.outputs = function(self.inputs)
+        finally:
+            self.graph.capture_end()
 
     def replay(self) -> Outputs:
         """Run the captured work on the current contents of ``inputs``; the outputs live until the next replay."""
         self.graph.replay()
         return self.outputs
+
+
+def _on_side_stream(device: torch.device, work: Callable[[], object]) -> None:
+    """``work()`` on a side stream that waits for the current one, which then waits for it (captures may not run on
+    the legacy default stream)."""
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        work()
+    torch.cuda.current_stream(device).wait_stream(side)
 
 
 class GraphCache(Generic[Inputs, Outputs]):

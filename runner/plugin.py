@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     import torch
 
     from gqa_decode_fuzz.generation.sizes import SizeLimits
+    from gqa_decode_fuzz.generation.warm_up import Warming
     from gqa_decode_fuzz.record.casefiles import ArtifactBudget
 
     from .suite_run import SuiteRun
@@ -199,6 +200,7 @@ class RunState:
     failures_budget: ArtifactBudget
     report_dir: Path | None  # None: no run report
     workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the property marked ``workloads``
+    warming: Warming | None = None  # the first calls made while the implementation loads; waited for by the first test
 
 
 PLAN = pytest.StashKey[RunPlan]()
@@ -329,6 +331,7 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         # --definition=all is every built-in of every op type; each property runs for the definitions of its own.
         chosen = definitions.select(option.definition, config.rootpath) if option.definition else None
         device = resolve_device(plan.device) if plan.worker else confirm_device(option.device, plan.device)
+        warming = _warming(plan, device)
         target = _load_target(config, plan, device, chosen[0] if chosen else None)
         chosen = chosen or (target.definition or definitions.SEED,)
         try:
@@ -349,8 +352,18 @@ def _run_state(config: pytest.Config, plan: RunPlan) -> RunState:
         failures_dir=config.rootpath / option.failures_dir,
         failures_budget=ArtifactBudget(option.failures_budget * 2**20),
         report_dir=None if report == "none" else config.rootpath / report / plan.run_id,
-        workload_cases=workload_cases,
+        workload_cases=workload_cases, warming=warming,
     )
+
+
+def _warming(plan: RunPlan, device: torch.device) -> Warming | None:
+    """On CUDA, in a process that runs tests: the warm-up, started now so that it overlaps loading the implementation
+    (an isolated one waits for its child)."""
+    if device.type != "cuda" or plan.controller:
+        return None
+    from gqa_decode_fuzz.generation.warm_up import Warming  # imported here, not raced by the thread's imports
+
+    return Warming(device)
 
 
 def _check_serves(target: Target, chosen: tuple) -> None:

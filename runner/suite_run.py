@@ -328,6 +328,8 @@ class SuiteRun:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self.state.warming is not None:
+            self.state.warming.wait()
         self.seen_failure, self.reported_records = None, {}
         self.declared_claim = declared_claim(item) if shards.in_suite(item.path) else None
         self.recorder.begin(item.nodeid, self.declared_claim)

@@ -7,8 +7,10 @@ Three options, all off by default:
     one (explicit ``@example``s first, then generated ones) and write them to FILE
     as JSON at session end, with the session's CPU time (steadier than wall time
     on a shared machine): ``{"cpu_seconds": s, "tests": {nodeid: {"examples": n,
-    "first_failure": k or null, "seconds_to_first_failure": s or null}}, "first_example_to_failure": s or null}``
-    (the last: seconds from the session's first example to its first failing one). It wraps each test's
+    "first_failure": k or null, "seconds_to_first_failure": s or null}}, "first_example_to_failure": s or null,
+    "example_ms": [[test, ms, gap], ...]}`` (seconds from the session's first example to its first failing one,
+    and each example's milliseconds up to that one in the order they ran, with the milliseconds since the one
+    before ended: where first calls compile, and what drawing costs). It wraps each test's
     ``.hypothesis.inner_test``, the hook Hypothesis provides for wrapping. Invalid
     draws (``assume``, overruns) are not counted; shrinking and the final replay
     come after the first failure and do not change the count.
@@ -48,7 +50,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(trylast=True)  # after the hypothesis plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     config.corpus_records = {}
-    config.corpus_clock = {"first_example": None, "first_failure": None}  # perf_counter() of each, session-wide
+    # perf_counter() of the first example and the first failure, session-wide; each example's ms until then
+    config.corpus_clock = {"first_example": None, "first_failure": None, "example_ms": []}
     dropped = set()
     if config.option.corpus_no_shrink:
         dropped |= {Phase.shrink, Phase.explain}
@@ -67,18 +70,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in first)  # stable: keeps order within
 
 
-def _counting(inner, record: dict, clock: dict):
+def _counting(inner, record: dict, clock: dict, test: str):
     started = time.perf_counter()
+
+    def timed(begun: float) -> None:
+        if clock["first_failure"] is None:
+            ended, before = time.perf_counter(), clock.get("last_end", begun)
+            clock["example_ms"].append([test, round(1000 * (ended - begun), 1), round(1000 * (begun - before), 1)])
+            clock["last_end"] = ended
 
     @functools.wraps(inner)
     def counted(*args, **kwargs):
+        begun = time.perf_counter()
         if clock["first_example"] is None:
-            clock["first_example"] = time.perf_counter()
+            clock["first_example"] = begun
         try:
             result = inner(*args, **kwargs)
         except (HypothesisException, StopTest):
             raise  # an invalid example (assume, overrun, health check): not counted
         except BaseException:  # pytest.fail raises a BaseException too
+            timed(begun)
             if record["first_failure"] is None:
                 record["examples"] += 1
                 record["first_failure"] = record["examples"]
@@ -86,6 +97,7 @@ def _counting(inner, record: dict, clock: dict):
             if clock["first_failure"] is None:
                 clock["first_failure"] = time.perf_counter()
             raise
+        timed(begun)
         if record["first_failure"] is None:
             record["examples"] += 1
         return result
@@ -103,7 +115,7 @@ def pytest_runtest_call(item: pytest.Item):
         item.nodeid, {"examples": 0, "first_failure": None, "seconds_to_first_failure": None}
     )
     inner = handle.inner_test
-    handle.inner_test = _counting(inner, record, item.config.corpus_clock)
+    handle.inner_test = _counting(inner, record, item.config.corpus_clock, item.name)
     try:
         yield
     finally:
@@ -118,4 +130,4 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             after = (None if clock["first_failure"] is None
                      else round(clock["first_failure"] - clock["first_example"], 2))
             json.dump({"cpu_seconds": round(time.process_time(), 1), "tests": session.config.corpus_records,
-                       "first_example_to_failure": after}, stream, indent=1)
+                       "first_example_to_failure": after, "example_ms": clock["example_ms"]}, stream, indent=1)

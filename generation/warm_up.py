@@ -1,0 +1,70 @@
+"""First calls made before a run's first example, so that it does not pay them.
+
+A process's first example on a GPU pays one-off costs that have nothing to do with the case: Triton's start
+(hashing its own sources for its cache key, loading its driver helpers), loading the fused hash kernels,
+torch's first CUDA kernels, cuBLAS and a first graph capture (docs/performance.md). ``warm_up`` makes those
+calls on a small plain case; the runner runs it in a thread while the implementation loads, and the isolated
+child runs ``warm_triton`` while its parent starts. Both only ever cost time that would be spent anyway, and
+neither calls the implementation under test.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import torch
+
+from gqa_decode_fuzz import reference
+from gqa_decode_fuzz.reference import definitions
+
+from . import _fused_hashes
+from .cases import DecodeCase, build, host_values
+
+__all__ = ["Warming", "warm_triton", "warm_up"]
+
+_CASE = DecodeCase(lengths=(1, 17), definition=definitions.SEED.name)
+
+
+def warm_triton(device: torch.device) -> None:
+    """Start Triton in this process on ``device`` (its cache key, its driver) with one tiny launch of our own."""
+    if device.type == "cuda":
+        _fused_hashes.hashes(torch.empty(16, dtype=torch.int32, device=device), 0)
+        torch.cuda.synchronize(device)
+
+
+def warm_up(device: torch.device) -> None:
+    """Build a small case on ``device``, compute its oracle and hold the oracle's own bf16 rounding to its bound
+    (worth it on CUDA only, where the first calls cost; any device does the same work)."""
+    inputs = build(_CASE, device, observe=False)
+    expected = reference.attend(*inputs, indptr_on_host=host_values(inputs.kv_indptr),
+                                last_page_len_on_host=host_values(inputs.kv_last_page_len))
+    reference.assert_within_bound(expected.output.to(torch.bfloat16), expected.lse.float(), expected)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Warming:
+    """``warm_up(device)`` in a daemon thread from construction; ``wait()`` before the first example.
+
+    A failure only warns: whatever broke the warm-up breaks the first example too, which reports it in full.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(device,), name="gqa-decode-warm-up", daemon=True)
+        self._thread.start()
+
+    def _run(self, device: torch.device) -> None:
+        try:
+            warm_up(device)
+        except Exception as error:  # noqa: BLE001 - reported by wait(), and by the first example in full
+            self._error = error
+
+    def wait(self) -> None:
+        """Block until the warm-up ends (at once after the first call)."""
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            warnings.warn(f"gqa-decode: the warm-up before the first example failed: {error!r}", RuntimeWarning,
+                          stacklevel=2)
