@@ -15,6 +15,7 @@ segfault's Python stack there). The parent trusts nothing it sends: see ``isolat
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -124,15 +125,25 @@ def main(connection, launch: dict[str, Any]) -> None:
     if "triton" in sys.modules and not sanitized:  # a Triton target: Triton's start while the parent starts
         _warm_triton(device)
     _serve(connection, function, device, own_copies=sanitized and device.type == "cuda")
+    if not sanitized:  # told to stop: leave now, not after torch's teardown, which the parent would wait out
+        _leave()
+
+
+def _leave() -> None:
+    """End the process at once, its log flushed (a sanitized child exits normally: the sanitizer reports then)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _warm_triton(device) -> None:
-    """Triton's one-off start (``generation.warm_up.warm_triton``) before the first call, which would pay it; a
-    failure is the target's first call's to report."""
-    from gqa_decode_fuzz.generation.warm_up import warm_triton
+    """Triton's one-off start (``triton_start``) before the first call, which would pay it; a failure is the
+    target's first call's to report."""
+    from .triton_start import start_triton
 
     try:
-        warm_triton(device)
+        start_triton(device)
     except Exception:  # noqa: BLE001, S110 - the first call meets the same problem and reports it in full
         pass
 

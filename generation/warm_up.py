@@ -3,9 +3,9 @@
 A process's first example on a GPU pays one-off costs that have nothing to do with the case: Triton's start
 (hashing its own sources for its cache key, loading its driver helpers), loading the fused hash kernels,
 torch's first CUDA kernels, cuBLAS and a first graph capture (docs/performance.md). ``warm_up`` makes those
-calls on a small plain case; the runner runs it in a thread while the implementation loads, and the isolated
-child runs ``warm_triton`` while its parent starts. Both only ever cost time that would be spent anyway, and
-neither calls the implementation under test.
+calls on a small plain case, in a thread the runner starts while the implementation loads (the isolated child
+starts Triton on its own: ``engine/triton_start.py``). It costs only time that would be spent anyway, and it
+does not call the implementation under test.
 """
 
 from __future__ import annotations
@@ -18,19 +18,11 @@ import torch
 from gqa_decode_fuzz import reference
 from gqa_decode_fuzz.reference import definitions
 
-from . import _fused_hashes
 from .cases import DecodeCase, build, host_values
 
-__all__ = ["Warming", "warm_triton", "warm_up"]
+__all__ = ["Warming", "warm_up"]
 
 _CASE = DecodeCase(lengths=(1, 17), definition=definitions.SEED.name)
-
-
-def warm_triton(device: torch.device) -> None:
-    """Start Triton in this process on ``device`` (its cache key, its driver) with one tiny launch of our own."""
-    if device.type == "cuda":
-        _fused_hashes.hashes(torch.empty(16, dtype=torch.int32, device=device), 0)
-        torch.cuda.synchronize(device)
 
 
 def warm_up(device: torch.device) -> None:

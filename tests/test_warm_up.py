@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from gqa_decode_fuzz.engine import isolation_child
+from gqa_decode_fuzz.engine import isolation_child, triton_start
 from gqa_decode_fuzz.generation import warm_up
 from gqa_decode_fuzz.runner import plugin
 
@@ -43,5 +43,5 @@ def test_the_childs_triton_start_leaves_a_failure_to_the_first_call(monkeypatch)
     def broken(device):
         raise RuntimeError("triton cannot start")
 
-    monkeypatch.setattr(warm_up, "warm_triton", broken)
+    monkeypatch.setattr(triton_start, "start_triton", broken)
     isolation_child._warm_triton(torch.device("cuda"))  # no raise: the target's first call reports it
