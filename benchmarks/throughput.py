@@ -238,9 +238,10 @@ def run_launches(options) -> dict:
 def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, workers_per_gpu: str,
                mps: str = "auto") -> dict:
     """One pytest run of the property suite on the first ``gpus`` GPUs; examples counted by its run report."""
-    # The suite's options come from the command line only; the oracle's graph switch passes, to compare with it off.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_")) or k == "GQA_DECODE_ORACLE_GRAPHS"}
+    # The suite's options come from the command line only; the oracle's graph and warm-up switches pass, to compare
+    # with them off.
+    passed = ("GQA_DECODE_ORACLE_GRAPHS", "GQA_DECODE_WARM_UP")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_")) or k in passed}
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(gpus))
     if max_examples is not None:
         env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)

@@ -5,11 +5,12 @@ A process's first example on a GPU pays one-off costs that have nothing to do wi
 torch's first CUDA kernels, cuBLAS and a first graph capture (docs/performance.md). ``warm_up`` makes those
 calls on a small plain case, in a thread the runner starts while the implementation loads (the isolated child
 starts Triton on its own: ``engine/triton_start.py``). It costs only time that would be spent anyway, and it
-does not call the implementation under test.
+does not call the implementation under test. ``GQA_DECODE_WARM_UP=0`` turns it off (for measuring).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -20,9 +21,16 @@ from gqa_decode_fuzz.reference import definitions
 
 from .cases import DecodeCase, build, host_values
 
-__all__ = ["Warming", "warm_up"]
+__all__ = ["ENABLED_ENV", "Warming", "warm_up", "warm_up_enabled"]
+
+ENABLED_ENV = "GQA_DECODE_WARM_UP"
 
 _CASE = DecodeCase(lengths=(1, 17), definition=definitions.SEED.name)
+
+
+def warm_up_enabled() -> bool:
+    """Whether runs warm up before their first example: unless ``GQA_DECODE_WARM_UP=0``."""
+    return os.environ.get(ENABLED_ENV, "1") != "0"
 
 
 def warm_up(device: torch.device) -> None:

@@ -361,9 +361,9 @@ def _warming(plan: RunPlan, device: torch.device) -> Warming | None:
     (an isolated one waits for its child)."""
     if device.type != "cuda" or plan.controller:
         return None
-    from gqa_decode_fuzz.generation.warm_up import Warming  # imported here, not raced by the thread's imports
+    from gqa_decode_fuzz.generation import warm_up  # imported here, not raced by the thread's imports
 
-    return Warming(device)
+    return warm_up.Warming(device) if warm_up.warm_up_enabled() else None
 
 
 def _check_serves(target: Target, chosen: tuple) -> None:

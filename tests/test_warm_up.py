@@ -37,6 +37,8 @@ def test_the_warm_up_starts_only_in_a_process_that_runs_tests_on_cuda(monkeypatc
     plan = types.SimpleNamespace(controller=controller)
     assert (plugin._warming(plan, torch.device(device)) is not None) is starts
     assert len(started) == starts
+    monkeypatch.setenv(warm_up.ENABLED_ENV, "0")
+    assert plugin._warming(plan, torch.device(device)) is None
 
 
 def test_the_childs_triton_start_leaves_a_failure_to_the_first_call(monkeypatch):
