@@ -13,10 +13,14 @@ import dataclasses
 import json
 import uuid as uuids
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gqa_decode_fuzz.generation import cases, workloads
 from gqa_decode_fuzz.record import casefiles
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.generation.cases import DecodeCase
+    from gqa_decode_fuzz.reference.definitions import Definition
 
 MAX_WORKLOAD_BYTES = 512 * 2**20  # a huge-pool case stays a case file: its pool would be gigabytes of blob
 _UUID_NAMESPACE = uuids.UUID("5f0c7a52-3c3e-4b61-9d2a-6a8f2f1e0d34")  # this suite's: the same case, the same uuid
@@ -32,7 +36,7 @@ def _case_of(payload: dict) -> Any:
     return case
 
 
-def _pool_bytes(case: Any, definition: Any) -> int:
+def _pool_bytes(case: DecodeCase, definition: Definition) -> int:
     """Bytes of the K and V pools the builder allocates for ``case``."""
     pages = sum(-(-n // definition.page_size) for n in case.lengths) + case.spare_pages
     if case.page_layout == "given":
@@ -40,7 +44,7 @@ def _pool_bytes(case: Any, definition: Any) -> int:
     return 2 * pages * definition.page_elements * 2  # K and V, bf16
 
 
-def workload_uuid(definition: Any, fields: dict) -> str:
+def workload_uuid(definition: Definition, fields: dict) -> str:
     """A uuid that names the case: the same descriptor under the same definition always gets the same one."""
     return str(uuids.uuid5(_UUID_NAMESPACE, definition.name + json.dumps(fields, sort_keys=True, default=str)))
 

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.reference.definitions import Definition
 
 __all__ = ["DESTINATION_LAYOUTS", "DestinationError", "call_in_destination_style", "returning"]
 
@@ -103,7 +106,7 @@ def _batch_and_device(args: tuple) -> tuple[int, torch.device]:
     return 0, torch.device("cpu")
 
 
-def call_in_destination_style(function: Callable, definition: Any, args: tuple, kwargs: dict | None = None, *,
+def call_in_destination_style(function: Callable, definition: Definition, args: tuple, kwargs: dict | None = None, *,
                               layout: str = "contiguous") -> tuple[torch.Tensor, torch.Tensor]:
     """Call ``function(*args, output, lse, **kwargs)`` with poisoned, guard-banded destinations laid out as
     ``layout`` (``DESTINATION_LAYOUTS``); return ``(output, lse)`` (the views it was given).
@@ -124,7 +127,7 @@ def call_in_destination_style(function: Callable, definition: Any, args: tuple, 
     return output.view, lse.view
 
 
-def returning(function: Callable, definition: Any) -> Callable:
+def returning(function: Callable, definition: Definition) -> Callable:
     """``function`` (destination-passing) as a return-style callable: ``call(*args, destinations=layout,
     **kwargs) -> (output, lse)``; ``destinations`` (default ``contiguous``) travels in recorded calls, so a case
     file replays the same layout."""

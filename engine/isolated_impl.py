@@ -15,7 +15,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.multiprocessing
@@ -43,6 +43,9 @@ from .target import (
     make_target,
     solution_and_definition,
 )
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.reference.definitions import Definition
 
 START_TIMEOUT_S = 120.0  # spawn, import torch and the target (and a sanitizer's start)
 SANITIZED_SLOWDOWN = 10.0  # a sanitized child's calls may take this many times the deadline: instrumented kernels
@@ -239,7 +242,7 @@ class Child:
         """Whether the process still runs."""
         return self.process.is_alive()
 
-    def call(self, definition: Any, args: tuple | None, kwargs: dict | None, received: list) -> Any:
+    def call(self, definition: Definition | None, args: tuple | None, kwargs: dict | None, received: list) -> Any:
         """Call the target (bound to ``definition`` where it declares ``for_definition``; None: as loaded) in the
         child; its result, in tensors the parent owns (originals in ``received``). ``args=None`` only binds."""
         copies: dict = {}
@@ -421,7 +424,7 @@ class IsolatedImpl:
     def __call__(self, *args, **kwargs):
         return self.call(None, args, kwargs)
 
-    def _for_definition(self, definition: Any) -> Callable:
+    def _for_definition(self, definition: Definition | None) -> Callable:
         """The target's ``for_definition(definition)``, run in the child now (a refusal raises here, as the nearest
         built-in class of what it raised); calls of what it returns carry the definition to the child."""
         try:
@@ -430,11 +433,11 @@ class IsolatedImpl:
             raise ValueError(str(error)) from None
         return functools.partial(self.call_bound, definition)
 
-    def call_bound(self, definition: Any, *args, **kwargs):
+    def call_bound(self, definition: Definition | None, *args, **kwargs):
         """A call of the target bound to ``definition``."""
         return self.call(definition, args, kwargs)
 
-    def call(self, definition: Any, args: tuple | None, kwargs: dict | None):
+    def call(self, definition: Definition | None, args: tuple | None, kwargs: dict | None):
         """One call in a child (the sanitized one for the example's share); ``args=None`` only binds."""
         self.check_returned()
         sanitized = self.share is not None and args is not None and self.share.current()
@@ -502,7 +505,7 @@ def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY,
         raise
 
 
-def load_target_for(spec: str, root: Path, device_type: str, definition: Any = None, *, isolated: bool,
+def load_target_for(spec: str, root: Path, device_type: str, definition: Definition | None = None, *, isolated: bool,
                     sanitize: str | None = None, sanitize_every: int = SANITIZE_EVERY,
                     started: Started | None = None) -> Target:
     """The ``Target`` of ``spec`` as the suite and the replay load it: imported here, or (``isolated``) in a child

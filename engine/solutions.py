@@ -39,9 +39,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ImplSpecError
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.reference.definitions import Definition
 
 __all__ = ["LANGUAGES", "Solution", "SolutionError", "load_solution", "read_solution"]
 
@@ -266,7 +269,7 @@ def calling_convention(solution: Solution, function: Callable, arguments: int) -
                   + (f", and {solution.entry_symbol} takes {count} arguments)" if count is not None else ")"))
 
 
-def _with_default_scale(function: Callable, definition: Any) -> Callable:
+def _with_default_scale(function: Callable, definition: Definition) -> Callable:
     """``function`` passed the definition's default sm_scale where the suite's case says None."""
     where = list(definition.arguments).index("sm_scale")
 
@@ -279,7 +282,7 @@ def _with_default_scale(function: Callable, definition: Any) -> Callable:
     return call
 
 
-def load_solution(solution: Solution, definition: Any) -> tuple[Callable, bool, str]:
+def load_solution(solution: Solution, definition: Definition) -> tuple[Callable, bool, str]:
     """The solution's entry point, imported or built, taking the definition's arguments (None for sm_scale
     replaced by the default); whether it is destination-passing, and why, in words."""
     folder = lay_out(solution)

@@ -39,12 +39,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gqa_decode_fuzz.reference import definitions
 
 from . import devices, solutions
 from .errors import DeviceError, ImplSpecError
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.reference.definitions import Definition
 
 DEFAULT_IMPL = "gqa_decode_fuzz.kernel:run"
 
@@ -108,7 +111,7 @@ WAIVERS = {
 }
 
 
-def in_definition_order(function: Callable, definition: Any) -> Callable:
+def in_definition_order(function: Callable, definition: Definition) -> Callable:
     """``function`` (which takes ``definition``'s arguments in its order) called with the suite's order, in which
     ``kv_last_page_len`` comes last (``cases.DecodeInputs``, ``prefill_cases.PrefillInputs``); keyword arguments
     (knobs) pass through."""
@@ -124,7 +127,7 @@ def in_definition_order(function: Callable, definition: Any) -> Callable:
     return call
 
 
-def _prefill_in_definition_order(function: Callable, definition: Any) -> Callable:
+def _prefill_in_definition_order(function: Callable, definition: Definition) -> Callable:
     """``in_definition_order`` for causal prefill: the suite passes ``kv_indices`` None for ragged K and V."""
     ragged = not definition.page_size
 
@@ -154,14 +157,14 @@ class Target:
     destination_passing_style: bool = False  # ``serving`` adapts it (destinations.py)
     convention: str = ""  # how the calling convention was decided, in words (Solution files)
     solution: Any = None  # the ``solutions.Solution`` behind it, if any
-    definition: Any = None  # the ``Definition`` it implements, where it says (Solution files)
+    definition: Definition | None = None  # the ``Definition`` it implements, where it says (Solution files)
 
     @property
     def serves_several(self) -> bool:
         """Whether it declares ``for_definition`` (and so can run under every definition it accepts)."""
         return callable(getattr(self.function, "for_definition", None))
 
-    def serving(self, definition: Any) -> Callable:
+    def serving(self, definition: Definition) -> Callable:
         """The callable that serves ``definition``, taking the suite's argument order (bound once per definition);
         ``ImplSpecError`` when its ``for_definition`` refuses the definition or returns no callable."""
         if definition.name not in self._bound:
@@ -209,7 +212,7 @@ def declared_by(function: Callable) -> dict[str, Any]:
 
 
 def make_target(spec: str, function: Callable, declared: dict[str, Any], *, solution: Any = None,
-                definition: Any = None) -> Target:
+                definition: Definition | None = None) -> Target:
     """The ``Target`` of ``function`` with its declarations (``declared_by``'s form, plus a Solution's
     ``convention``) checked; ``solution`` and ``definition`` where a Solution file says them."""
     dps = declared.get("destination_passing_style", False)
@@ -227,7 +230,7 @@ def make_target(spec: str, function: Callable, declared: dict[str, Any], *, solu
                   definition=definition)
 
 
-def load_target(spec: str, root: Path | None = None, definition: Any = None) -> Target:
+def load_target(spec: str, root: Path | None = None, definition: Definition | None = None) -> Target:
     """The ``Target`` that ``spec`` names, imported into this process, with its declarations checked (a
     destination-passing function is adapted per definition, by ``serving``). ``definition``: the one
     ``--definition`` names, if any; a Solution file for another one is refused (without it, a Solution's
@@ -266,7 +269,7 @@ def _solution_path(spec: str, root: Path | None) -> Path:
     return path
 
 
-def solution_and_definition(spec: str, root: Path | None, definition: Any) -> tuple:
+def solution_and_definition(spec: str, root: Path | None, definition: Definition | None) -> tuple:
     """A Solution file's ``solutions.Solution`` and its definition, read and checked without importing its code;
     ``ImplSpecError`` where ``definition`` (``--definition``'s) is another one."""
     solution = solutions.read_solution(_solution_path(spec, root))

@@ -22,11 +22,14 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .cases import DecodeCase
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.reference.definitions import Definition
 
 __all__ = ["Workload", "WorkloadError", "read_safetensors", "read_workloads", "workload_case", "workload_tensors",
            "write_safetensors", "write_workload"]
@@ -174,7 +177,7 @@ def _scale(workload: Workload) -> float | None:
     return float(spec["value"])
 
 
-def _tokens(workload: Workload, definition: Any, pages: list[int]) -> list[int]:
+def _tokens(workload: Workload, definition: Definition, pages: list[int]) -> list[int]:
     """Tokens per sequence: its pages, the last one holding ``kv_last_page_len`` tokens where pages hold several."""
     last = _index(workload, "kv_last_page_len")
     if not definition.paged:
@@ -189,7 +192,7 @@ def _tokens(workload: Workload, definition: Any, pages: list[int]) -> list[int]:
     return [(p - 1) * size + n if p else 0 for p, n in zip(pages, last.tolist())]
 
 
-def workload_case(workload: Workload, definition: Any) -> DecodeCase:
+def workload_case(workload: Workload, definition: Definition) -> DecodeCase:
     """The ``DecodeCase`` of one workload of ``definition`` (see the module docstring)."""
     if workload.definition != definition.name:
         raise workload.fail(f"it is a workload of {workload.definition!r}, not of {definition.name!r}")
@@ -218,12 +221,12 @@ def workload_case(workload: Workload, definition: Any) -> DecodeCase:
 # ---- the benchmark's view, and writing ------------------------------------------------------
 
 
-def _input_shapes(definition: Any) -> dict[str, dict]:
+def _input_shapes(definition: Definition) -> dict[str, dict]:
     """Each input's axis names (None for a scalar) and dtype, as the definition file states them."""
     return definition.to_json()["inputs"]
 
 
-def workload_tensors(workload: Workload, definition: Any) -> dict[str, Any]:
+def workload_tensors(workload: Workload, definition: Definition) -> dict[str, Any]:
     """Every input of a workload as the benchmark's loader takes it: a safetensors input's tensor checked to have
     the shape its definition gives at the workload's axes and the definition's dtype, a scalar's value; a random
     input is absent."""
@@ -248,7 +251,7 @@ def workload_tensors(workload: Workload, definition: Any) -> dict[str, Any]:
     return values
 
 
-def write_workload(root: Path, inputs: Any, definition: Any, uuid: str) -> dict[str, Any]:
+def write_workload(root: Path, inputs: Any, definition: Definition, uuid: str) -> dict[str, Any]:
     """One call (``cases.DecodeInputs``) as a FlashInfer-Bench workload in the trace set whose root is ``root``:
     its tensors, contiguous and in the definition's dtypes, in ``blob/workloads/gqa_paged/<definition>/
     <definition>_<uuid>.safetensors``, and its line appended to ``workloads/gqa_paged/<definition>.jsonl`` (the

@@ -29,13 +29,16 @@ import re
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gqa_decode_fuzz.generation.cases import DecodeCase, active_definition, build
 from gqa_decode_fuzz.generation.prefill_cases import PrefillCase, build_prefill
 from gqa_decode_fuzz.reference import definitions
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.generation.case_types import Case
 
 REPLAY_MODULE = "gqa_decode_fuzz.record.repro"
 FORMAT = "gqa-decode-case/2"
@@ -98,7 +101,7 @@ class Recorder:
     """
 
     nodeid: str | None = None
-    case: Any = None
+    case: Case | None = None
     built: dict[int, tuple[str, weakref.ref]] = field(default_factory=dict)  # id -> (name, the tensor, weakly)
     built_args: list[Any] = field(default_factory=list)  # the built call's arguments, as recorded
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
@@ -111,11 +114,11 @@ class Recorder:
         self.nodeid, self.case, self.built, self.built_args, self.calls = nodeid, None, {}, [], []
         self.claim, self.property_claim = None, claim
 
-    def note_claim(self, case: Any, draws: dict, claim: str) -> None:
+    def note_claim(self, case: Case, draws: dict, claim: str) -> None:
         self.claim = (case, dict(draws))
         self.property_claim = self.property_claim or claim
 
-    def note_build(self, case: Any, inputs: Any = None) -> None:
+    def note_build(self, case: Case, inputs: Any = None) -> None:
         self.case, self.calls = case, []
         fields = inputs._asdict().items() if inputs is not None else ()
         self.built = {id(v): (name, weakref.ref(v)) for name, v in fields if isinstance(v, torch.Tensor)}
@@ -199,7 +202,7 @@ def _restored(value: Any, device: torch.device, built: Any) -> Any:
     return value
 
 
-def restore_call(call: dict, device: torch.device | str, case: Any = None) -> tuple[tuple, dict]:
+def restore_call(call: dict, device: torch.device | str, case: Case | None = None) -> tuple[tuple, dict]:
     """A recorded call's arguments on ``device``, with their original strides; built arguments are rebuilt
     from ``case`` (a ``DecodeCase`` or ``PrefillCase``)."""
     device = torch.device(device)
@@ -244,7 +247,7 @@ def case_from_fields(fields: dict | None) -> Any:
     return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def build_case(case: Any, device: torch.device | str) -> Any:
+def build_case(case: Case, device: torch.device | str) -> Any:
     """The inputs of a recorded case, through its op type's builder (unobserved: a replay is not an example)."""
     return (build_prefill if isinstance(case, PrefillCase) else build)(case, device, observe=False)
 
@@ -342,7 +345,7 @@ def save_case(
     return path
 
 
-def _definition_of(case: Any):
+def _definition_of(case: Case):
     """The definition a recorded example ran under: its case's, else the active one."""
     return case.shape if hasattr(case, "shape") else active_definition()
 

@@ -46,7 +46,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypothesis.errors import UnsatisfiedAssumption
 
@@ -65,6 +65,9 @@ from .casefiles import (
     load_case,
     replay_command,
 )
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.generation.case_types import Case
 
 __all__ = [
     "Budget", "Cause", "ClaimReferenceError", "Failure", "Prober", "as_json", "claim_at", "failures_of_run",
@@ -106,7 +109,7 @@ class Failure:
     case_file: str | None = None
     error: str = ""
     crashed: bool = False
-    case: Any = None  # the DecodeCase its claim was about (its case file says), if any
+    case: Case | None = None  # the case its claim was about (its case file says), if any
     draws: dict = field(default_factory=dict)  # the test's other draws, as its claim took them
     knobs: dict = field(default_factory=dict)  # the implementation's knobs as the example drew them (its calls')
     claim: str | None = None  # its property's claim, a reference (``module:name``) its case file recorded
@@ -120,23 +123,23 @@ class Failure:
         return self.case is not None and self.claim is not None and not self.crashed
 
 
-def _prefill(case: Any) -> bool:
+def _prefill(case: Case) -> bool:
     return getattr(case, "q_lens", None) is not None
 
 
-def _defaults(case: Any) -> dict[str, Any]:
+def _defaults(case: Case) -> dict[str, Any]:
     """Where each field of ``case`` moves when a probe asks whether the failure needs it."""
     return PREFILL_DEFAULTS if _prefill(case) else DEFAULTS
 
 
-def _field(case: Any, name: str) -> Any:
+def _field(case: Case, name: str) -> Any:
     """A field of ``case`` as ``_defaults`` names it (a prefill case's lengths: the pair (q_lens, kv_lens))."""
     if name == "lengths" and _prefill(case):
         return case.q_lens, case.kv_lens
     return getattr(case, name)
 
 
-def _moved(case: Any, **fields: Any) -> Any:
+def _moved(case: Case, **fields: Any) -> Case:
     """``case`` with ``fields`` replaced (a prefill case's lengths as the pair)."""
     if "lengths" in fields and _prefill(case):
         fields["q_lens"], fields["kv_lens"] = fields.pop("lengths")
@@ -196,7 +199,7 @@ class Prober:
     tried: list[str] = field(default_factory=list)
     stopped: str | None = None  # why probing ended early (budget, a lost CUDA context)
 
-    def fails(self, failure: Failure, case: Any) -> bool | None:
+    def fails(self, failure: Failure, case: Case) -> bool | None:
         """Whether ``failure``'s claim fails on ``case`` with its draws, the implementation called with its knobs
         (else their defaults); None when the probe could not decide (budget spent, the claim does not apply to the
         case or does not import, the suite out of memory, the context lost)."""
@@ -283,7 +286,7 @@ def _short(prop: str) -> str:
     return prop.rpartition("::")[2]
 
 
-def short_case(case: Any) -> str:
+def short_case(case: Case) -> str:
     """A case as its fields other than the defaults: ``DecodeCase(lengths=(1,), scale=0.0)``."""
     if case is None:
         return "no case descriptor"
@@ -295,19 +298,19 @@ def short_case(case: Any) -> str:
     return f"{type(case).__name__}({', '.join(shown)})"
 
 
-def _with(case: Any, draws: dict | None) -> str:
+def _with(case: Case, draws: dict | None) -> str:
     """A probe's case and the draws it took, in words."""
     shown = ", ".join(f"{name}={value!r}" for name, value in (draws or {}).items())
     return short_case(case) + (f" with {shown}" if shown else "")
 
 
-def _pool_pages(case: Any) -> int:
+def _pool_pages(case: Case) -> int:
     """The pool's pages (the builder's count: a sequence of n tokens owns ceil(n / page_size) pages)."""
     page = max(case.shape.page_size, 1)  # ragged K and V: a row per key
     return sum(-(-n // page) for n in case.lengths) + case.spare_pages
 
 
-def _page_id_limit(case: Any) -> int:
+def _page_id_limit(case: Case) -> int:
     """The first page id whose offset in a plain pool (page_id * elements per page) passes 2^31."""
     return INT32_LIMIT // case.shape.page_elements
 
@@ -343,7 +346,7 @@ def _prefill_length_features(q_lens: tuple[int, ...], kv_lens: tuple[int, ...]) 
     return features
 
 
-def _features(case: Any) -> list[str]:
+def _features(case: Case) -> list[str]:
     """What a case's lengths show, in words (``_length_features``, or prefill's)."""
     return _prefill_length_features(case.q_lens, case.kv_lens) if _prefill(case) else _length_features(case.lengths)
 
@@ -372,7 +375,7 @@ class _Needed:
     free: list[str] = field(default_factory=list)
     tests: dict[str, Callable[[Any], bool]] = field(default_factory=dict)  # field -> does a case have it
 
-    def holds_for(self, case: Any) -> bool:
+    def holds_for(self, case: Case) -> bool:
         return all(test(case) for test in self.tests.values())
 
 
@@ -437,7 +440,7 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
         needed.tests[name] = lambda c, n=name, v=value: getattr(c, n) == v
 
 
-def _far_below_zero(case: Any) -> bool:
+def _far_below_zero(case: Case) -> bool:
     """Whether some head of ``case`` has every logit far below zero (``FAR_BELOW_LSE2``), by the oracle on the
     CPU; False for a case too large to build there (its tokens or its pool: a huge pool is gigabytes)."""
     try:
@@ -449,13 +452,13 @@ def _far_below_zero(case: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=512)
-def _far_below_in(case: Any, definition: str) -> bool:  # ``definition``: the key a case of None's resolves to
+def _far_below_in(case: Case, definition: str) -> bool:  # ``definition``: the key a case of None's resolves to
     with using_definition(case.shape), unobserved():
         reference = oracle_of(build_case(case, "cpu"))
     return bool((reference.lse < FAR_BELOW_LSE2).any())
 
 
-def _fold_into_far_below(case: Any, needed: _Needed, words_of: dict[str, list[str]]) -> None:
+def _fold_into_far_below(case: Case, needed: _Needed, words_of: dict[str, list[str]]) -> None:
     """Where the logit fields a failure needs put a head far below zero, that is its one need: one defect (a
     finite sentinel) reached through wide values, large logits at a scale > 1 or one seed's draw is one cause."""
     fields = [name for name in LOGIT_FIELDS if name in needed.tests]
@@ -476,7 +479,7 @@ def _needed_fields(needed: _Needed) -> list[str]:
     return [name for key in needed.tests for name in (LOGIT_FIELDS if key == "logits" else (key,))]
 
 
-def _toward_defaults(case: Any, needed: _Needed) -> Any:
+def _toward_defaults(case: Case, needed: _Needed) -> Case:
     return _moved(case, **{name: _defaults(case)[name] for name in _needed_fields(needed)})
 
 

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypothesis.errors import HypothesisException
 
@@ -34,6 +34,9 @@ from gqa_decode_fuzz.engine.examples import example_targets, property_name
 from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, StageClock, summarise
 from gqa_decode_fuzz.record import causes, mps
 from gqa_decode_fuzz.record.casefiles import replay_command
+
+if TYPE_CHECKING:
+    from gqa_decode_fuzz.generation.case_types import Case
 
 __all__ = ["ItemCounter", "Tally", "merge", "verdict_line", "warm_up", "write_report"]
 
@@ -80,7 +83,7 @@ class Tally:
     counts: dict[str, Counter] = field(default_factory=lambda: {d: Counter() for d in DIMENSIONS})
     stages: dict[str, Any] = field(default_factory=dict)  # StageClock.take(): a row of ms per sampled example
 
-    def add_case(self, case: Any, pool_pages: int | None) -> None:
+    def add_case(self, case: Case, pool_pages: int | None) -> None:
         lengths = case.lengths
         self.cases += 1
         self.sequences += len(lengths)
@@ -129,7 +132,7 @@ class ItemCounter:
         self.tally = Tally(nodeid=nodeid)
         self.clock.begin_item(property_name(nodeid))
 
-    def observe_case(self, case: Any, inputs: Any) -> None:
+    def observe_case(self, case: Case, inputs: Any) -> None:
         """Count a built case; also label it for ``--hypothesis-show-statistics``."""
         pool = getattr(getattr(inputs, "k_cache", None), "shape", (None,))[0]
         self.tally.add_case(case, pool)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from gqa_decode_fuzz.generation.sizes import SizeLimits
     from gqa_decode_fuzz.generation.warm_up import Warming
     from gqa_decode_fuzz.record.casefiles import ArtifactBudget
+    from gqa_decode_fuzz.reference.definitions import Definition
 
     from .suite_run import SuiteRun
 
@@ -299,7 +300,7 @@ def _isolated(option: argparse.Namespace) -> bool:
     return isolated
 
 
-def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, definition: Any) -> Target:
+def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, definition: Definition | None) -> Target:
     """The implementation: imported here, or (isolated) in a child process that reports its declarations.
     ``definition``: the one ``--definition`` names, if any (a Solution file for another is refused)."""
     from gqa_decode_fuzz.engine.isolated_impl import load_target_for  # torch: after the workers start

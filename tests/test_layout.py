@@ -180,3 +180,22 @@ def test_the_architecture_doc_shows_this_table():
                 for folder, imported in LAYOUT.items()}
     assert _doc_table() == expected, "docs/architecture.md's table (folder | role | imports | imported by) " \
         "differs from tests/test_layout.py LAYOUT"
+
+
+TYPED_PARAMETERS = ("definition", "case")  # each has its real type: reference's Definition, generation's cases
+
+
+def test_no_signature_leaves_a_definition_or_a_case_untyped_as_any():
+    loose = []
+    for folder in LAYOUT:
+        for path in _python_files(folder):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+                arguments = node.args.args + node.args.kwonlyargs if isinstance(
+                    node, ast.FunctionDef | ast.AsyncFunctionDef) else []
+                fields = [node.target] if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) else []
+                for name, annotation in [(a.arg, a.annotation) for a in arguments] + \
+                        [(f.id, node.annotation) for f in fields]:
+                    if name in TYPED_PARAMETERS and isinstance(annotation, ast.Name) and annotation.id == "Any":
+                        loose.append(f"  {path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}: {name}: Any")
+    assert not loose, "a definition or case typed as Any (use Definition, DecodeCase, PrefillCase or Case):\n" + \
+        "\n".join(loose)
