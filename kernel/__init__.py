@@ -12,6 +12,7 @@ from .interpreter_compat import install as _install_interpreter_compat
 
 _install_interpreter_compat()
 
+from ._family import for_definition  # noqa: E402
 from ._launch import (  # noqa: E402
     BLOCK_N,
     DEFAULT_SM_SCALE,
@@ -19,7 +20,6 @@ from ._launch import (  # noqa: E402
     NUM_KV_HEADS,
     NUM_QO_HEADS,
     PAGE_SIZE,
-    for_definition,
     run,
     validate,
 )

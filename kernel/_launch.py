@@ -1,8 +1,8 @@
-"""``run()`` and ``for_definition()``: validate the call, then launch the kernel on CUDA or in the interpreter.
+"""``run()`` and ``for_decode_definition()``: validate the call, then launch the kernel on CUDA or in the interpreter.
 
 One validation and one launch serve every definition of the family: the shape constants
 (query heads, KV heads, head dim, page size) come from a ``KernelShape``, the seed's for
-``run`` and the definition's for what ``for_definition`` returns.
+``run`` and the definition's for what ``for_decode_definition`` returns.
 """
 
 from __future__ import annotations
@@ -353,25 +353,16 @@ def _paged_run(shape: KernelShape) -> Callable:
 _served: dict[tuple[int, int, int, int], Callable] = {SEED_SHAPE.constants: run}
 
 
-def for_definition(definition) -> Callable:
-    """The validated kernel of ``definition`` (read for ``name``, ``num_qo_heads``, ``num_kv_heads``,
+def for_decode_definition(definition) -> Callable:
+    """The validated decode kernel of ``definition`` (read for ``name``, ``num_qo_heads``, ``num_kv_heads``,
     ``head_dim`` and ``page_size``), one function per set of constants, cached: ``run`` itself for the seed's.
 
     Page size 1: ``run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None)``; larger pages:
     ``run(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale=None)``.
     Raises ValueError naming the definition when the kernel cannot compile its shape.
-
-    A causal prefill definition (``op_type``, or its name, says so) gets ``for_prefill``'s kernel instead.
     """
-    from ._prefill_launch import for_prefill_definition, prefill_kind  # it imports this module's checks
-
-    if prefill_kind(definition):
-        return for_prefill_definition(definition)
     shape = kernel_shape(definition)
     served = _served.get(shape.constants)
     if served is None:
         served = _served.setdefault(shape.constants, (_paged_run if shape.paged else _unpaged_run)(shape))
     return served
-
-
-run.for_definition = for_definition

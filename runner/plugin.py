@@ -36,7 +36,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -60,6 +59,7 @@ from gqa_decode_fuzz.record import mps
 from gqa_decode_fuzz.reference import definitions
 
 from . import mps_server, profiles, shards
+from .run_state import RunPlan, RunState
 
 # Loaded with this plugin however it is loaded (conftest.py, or an installed copy's pytest11 entry point): an xdist
 # worker's prompt end of process and every process's frozen garbage-collector generation (``prompt_exit``).
@@ -68,9 +68,7 @@ pytest_plugins = [__name__.rpartition(".")[0] + ".prompt_exit"]
 if TYPE_CHECKING:
     import torch
 
-    from gqa_decode_fuzz.generation.sizes import SizeLimits
     from gqa_decode_fuzz.generation.warm_up import Warming
-    from gqa_decode_fuzz.record.casefiles import ArtifactBudget
     from gqa_decode_fuzz.reference.definitions import Definition
 
     from .suite_run import SuiteRun
@@ -164,44 +162,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: --workers-per-gpu workers per visible GPU; the core count without CUDA."""
     return gpus.auto_worker_count(config.option.device, config.option.workers_per_gpu)
 
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """What the options and the machine say about this run, settled without importing torch or the
-    implementation: all that an xdist controller knows when it starts its workers."""
-
-    spec: str  # --impl
-    device: str  # "cuda" or "cpu"
-    contract: str  # "correct" or "strict"
-    sizes: str
-    run_id: str
-    worker: str | None  # the xdist worker id, None outside xdist workers
-    controller: bool  # an xdist controller (its workers inherit its run id, claims and GPUs)
-    claims_dir: Path  # failure claims, shared by the controller and its workers
-    made_dirs: tuple[Path, ...]  # made by this process, removed at its end
-    mps_server: mps_server.Server | None = None  # started by this controller for its workers, stopped at its end
-    no_mps_server: str | None = None  # why starting one failed, for the header
-    isolated: bool = False  # the implementation runs in a child process (``isolation``)
-    deadline: float | None = None  # --time-budget: no test starts after this time.time()
-    child: child_start.Started | None = None  # isolated, not a controller: the child, spawned before torch is here
-
-
-@dataclass(frozen=True)
-class RunState:
-    """What this run tests, where, to which tier, and where its failures and report go: its ``plan`` (the tier, the
-    run id, the worker, ...) with what loading torch and the implementation settled."""
-
-    plan: RunPlan
-    target: Target
-    definitions: tuple  # reference.definitions.Definition, each property runs once per each
-    device: torch.device
-    limits: SizeLimits
-    failures_dir: Path
-    failures_budget: ArtifactBudget
-    report_dir: Path | None  # None: no run report
-    workload_cases: tuple = ()  # DecodeCases of --workloads, explicit examples of the property marked ``workloads``
-    warming: Warming | None = None  # the first calls made while the implementation loads; waited for by the first test
 
 
 PLAN = pytest.StashKey[RunPlan]()

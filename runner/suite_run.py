@@ -34,7 +34,7 @@ from gqa_decode_fuzz.record import casefiles, causes, mps, run_report
 from . import gpus, shards
 
 if TYPE_CHECKING:
-    from .plugin import RunState
+    from .run_state import RunState
 
 INFRASTRUCTURE = "gqa-decode infrastructure error"  # a user property: survives xdist's report transport
 CLAIM_MARKER = "claim"  # ``property_claim``'s marker: its one argument is the test's claim, as a reference

@@ -2,7 +2,7 @@
 
 ``LAYOUT`` is the one table of the folders and what each may import; docs/architecture.md shows the same table
 (``test_the_architecture_doc_shows_this_table``). Imports inside functions count as much as those at the top:
-an import moved into a function to dodge a circle still makes one.
+an import moved into a function to dodge a circle still makes one, among folders and among modules alike.
 """
 
 from __future__ import annotations
@@ -199,3 +199,39 @@ def test_no_signature_leaves_a_definition_or_a_case_untyped_as_any():
                         loose.append(f"  {path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}: {name}: Any")
     assert not loose, "a definition or case typed as Any (use Definition, DecodeCase, PrefillCase or Case):\n" + \
         "\n".join(loose)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the suite's modules it imports (at any depth, type-checking imports included)."""
+    imported = {}
+    for folder in LAYOUT:
+        for path in _python_files(folder):
+            names = {f"{module}.{name}" if name else module for _, module, name in _imported(path)}
+            imported[".".join([NAMESPACE, *_module_name(path)])] = names
+    modules = set(imported)
+
+    def resolved(name: str) -> str | None:  # "pkg.mod.func" -> "pkg.mod"; None outside the suite
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {module: {resolved(name) for name in names} - {None, module} for module, names in imported.items()}
+
+
+def test_no_circle_among_the_modules():
+    graph, state, circles = _module_graph(), {}, []  # state: 1 on the current path, 2 done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for other in sorted(graph[module]):
+            if state.get(other) == 1:
+                circles.append(" -> ".join([*path[path.index(other):], other]))
+            elif other not in state:
+                visit(other, [*path, other])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "modules that import each other (through a function or TYPE_CHECKING too):\n  " + \
+        "\n  ".join(circles)
