@@ -24,6 +24,8 @@ import sys
 import traceback
 from typing import Any
 
+from .process_end import end_process
+
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
@@ -125,16 +127,10 @@ def main(connection, launch: dict[str, Any]) -> None:
     if "triton" in sys.modules and not sanitized:  # a Triton target: Triton's start while the parent starts
         _warm_triton(device)
     _serve(connection, function, device, own_copies=sanitized and device.type == "cuda")
-    if not sanitized:  # told to stop: leave now, not after torch's teardown, which the parent would wait out
-        _leave()
-
-
-def _leave() -> None:
-    """End the process at once, its log flushed (a sanitized child exits normally: the sanitizer reports then)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0)
+    # Told to stop: end now, not after torch's teardown, which the parent would wait out. A sanitized child exits
+    # normally: the sanitizer reports then.
+    if not sanitized:
+        end_process()
 
 
 def _warm_triton(device) -> None:
@@ -142,10 +138,8 @@ def _warm_triton(device) -> None:
     target's first call's to report."""
     from .triton_start import start_triton
 
-    try:
+    with contextlib.suppress(Exception):  # the first call meets the same problem and reports it in full
         start_triton(device)
-    except Exception:  # noqa: BLE001, S110 - the first call meets the same problem and reports it in full
-        pass
 
 
 def _bound(function, definition, bindings: dict):

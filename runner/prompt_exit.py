@@ -13,10 +13,11 @@ have run: nothing of the run is left to do.
 So, in that state, the worker does what the interpreter's own exit would still do that matters, and ends there:
 it waits for its GPU work (if it has a CUDA context), runs the exit handlers (``atexit``: ``logging.shutdown``,
 ``weakref.finalize(..., atexit=True)`` such as ``tempfile.TemporaryDirectory``, coverage's save), flushes Python's
-and C's standard streams, and calls ``os._exit(0)``. What it skips: the finalisation of objects still alive
-(``__del__`` methods; a file a plugin left open and unflushed would lose its buffer) and native libraries' exit code
-(C ``atexit``, C++ static destructors, the CUDA context's destruction: a profiler that writes a worker's trace from
-there may need ``GQA_DECODE_PROMPT_EXIT=0``).
+and C's standard streams, and calls ``os._exit(0)`` (``engine/process_end.py``, which the isolated child's stop
+shares). What it skips: the finalisation of objects still alive (``__del__`` methods; a file a plugin left open
+and unflushed would lose its buffer) and native libraries' exit code (C ``atexit``, C++ static destructors, the
+CUDA context's destruction: a profiler that writes a worker's trace from there may need
+``GQA_DECODE_PROMPT_EXIT=0``).
 
 It does not: outside an xdist worker (the controller, a run without xdist, a pytest started inside a test); in a
 worker whose session did not finish (no ``workerfinished`` sent) or whose ``pytest_cmdline_main`` raised; while a
@@ -33,14 +34,13 @@ teardown then frees them as before (frozen, Triton's bindings would report them 
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import gc
 import os
-import sys
 import threading
 
 import pytest
+
+from gqa_decode_fuzz.engine.process_end import end_process
 
 PROMPT_EXIT_ENV = "GQA_DECODE_PROMPT_EXIT"  # "0": workers exit the ordinary way
 
@@ -56,27 +56,6 @@ def ready_to_exit(config: pytest.Config) -> bool:
     main = threading.main_thread()
     return not any(thread.is_alive() and not thread.daemon and thread is not main
                    for thread in threading.enumerate())
-
-
-def exit_now() -> None:
-    """Wait for the GPU, run the exit handlers, flush the standard streams and end the process (status 0, as a
-    worker's own)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        # NVIDIA's MPS guide: a client that ends without synchronising with all its outstanding GPU work can
-        # leave the server and its other clients in an undefined state. Its context is not destroyed either
-        # way here (the driver reclaims it with the process), as when a process is killed.
-        with contextlib.suppress(Exception):  # a lost context: nothing left to wait for
-            torch.cuda.synchronize()
-    atexit._run_exitfuncs()  # prints a handler's exception and goes on, as the interpreter's exit does
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    with contextlib.suppress(Exception):  # C's stdio buffers (a native library's printf): os._exit skips them
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    os._exit(0)
 
 
 FROZE = pytest.StashKey[bool]()  # this session moved the process's objects to the permanent generation
@@ -100,7 +79,7 @@ def pytest_cmdline_main(config: pytest.Config):
         _unfreeze(config)
         raise
     if ready_to_exit(config):
-        exit_now()
+        end_process()
     _unfreeze(config)
     return status
 

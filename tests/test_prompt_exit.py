@@ -59,13 +59,13 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
                           env=clean_environment(**env))
 
 
-def test_exit_now_runs_the_exit_handlers_and_flushes_python_and_c_output():
+def test_end_process_runs_the_exit_handlers_and_flushes_python_and_c_output():
     code = ("import atexit, ctypes, sys\n"
-            "from gqa_decode_fuzz.runner import prompt_exit\n"
+            "from gqa_decode_fuzz.engine.process_end import end_process\n"
             "atexit.register(print, 'handler ran')\n"
             "sys.stdout.write('python buffered;')\n"
             "ctypes.CDLL(None).printf(b'c buffered;')\n"
-            "prompt_exit.exit_now()\n"
+            "end_process()\n"
             "print('not reached')\n")
     result = _python(code)
     assert result.returncode == 0, result.stderr
@@ -76,12 +76,12 @@ def test_exit_now_runs_the_exit_handlers_and_flushes_python_and_c_output():
 OPTIONS = ("--impl=tests/impls/torch_float32.py:run", "--device=cpu", "--run-report=none")
 
 
-def test_exit_now_waits_for_the_gpu_first():
+def test_end_process_waits_for_the_gpu_first():
     code = ("import sys, types\n"
-            "from gqa_decode_fuzz.runner import prompt_exit\n"
+            "from gqa_decode_fuzz.engine.process_end import end_process\n"
             "cuda = types.SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: print('synchronized'))\n"
             "sys.modules['torch'] = types.SimpleNamespace(cuda=cuda)\n"
-            "prompt_exit.exit_now()\n")
+            "end_process()\n")
     result = _python(code)
     assert result.returncode == 0 and result.stdout == "synchronized\n", result.stdout + result.stderr
 
