@@ -9,10 +9,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TRITON_CACHE_DIR=/tmp/first-ex
 mutant=${MUTANT:-lse_natural_log}
 summary=$OUT/first-example.txt
 echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}; python writes bytecode: $(python3 -c 'import sys; print(not sys.dont_write_bytecode)')" >"$summary"
-command=$(python3 -c 'import sys; from pathlib import Path; from tests.corpus import by_name
-from tests.corpus.materialise import materialise; from tests.corpus.suite import suite_command
-m = by_name(sys.argv[1]); w = Path("/tmp/first-example"); w.mkdir(exist_ok=True)
-print(" ".join(suite_command(m, materialise(m, w), w, device="cuda", shrink=False, record=w / "record.json")))' "$mutant")
+command=$(python3 benchmarks/mutant_command.py "$mutant" /tmp/first-example /tmp/first-example/record.json)
 for run in cold warm profiled; do
   reports=/tmp/first-example-reports-$run
   rm -rf "$reports"

@@ -311,10 +311,7 @@ timeline)
   probe_mutant() {  # probe_mutant TAG MUTANT: its suite command under the startup probe, the phases to summary.txt
     local log=$OUT/probe-$1.jsonl t0
     local command
-    command=$(python3 -c 'import sys; from pathlib import Path; from tests.corpus import by_name
-from tests.corpus.materialise import materialise; from tests.corpus.suite import suite_command
-m = by_name(sys.argv[1]); w = Path("/tmp/timeline"); w.mkdir(exist_ok=True)
-print(" ".join(suite_command(m, materialise(m, w), w, device="cuda", shrink=False)))' "$2")
+    command=$(python3 benchmarks/mutant_command.py "$2" /tmp/timeline)
     t0=$(date +%s.%N)
     # shellcheck disable=SC2086  # the command's words
     STARTUP_PROBE_LOG=$log STARTUP_PROBE_T0=$t0 step "timeline_$1" 120 ${command/-m pytest/-m pytest -p benchmarks.startup_probe}
@@ -346,11 +343,7 @@ anatomy)
     cache=/tmp/anatomy-triton-$mutant
     rm -rf "$cache"
     for run in cold warm; do
-      command=$(python3 -c 'import sys; from pathlib import Path; from tests.corpus import by_name
-from tests.corpus.materialise import materialise; from tests.corpus.suite import suite_command
-m = by_name(sys.argv[1]); w = Path("/tmp/anatomy"); w.mkdir(exist_ok=True)
-print(" ".join(suite_command(m, materialise(m, w), w, device="cuda", shrink=False, record=Path(sys.argv[2]))))' \
-        "$mutant" "/tmp/anatomy/$mutant-$run.json")
+      command=$(python3 benchmarks/mutant_command.py "$mutant" /tmp/anatomy "/tmp/anatomy/$mutant-$run.json")
       # shellcheck disable=SC2086  # the command's words
       TRITON_CACHE_DIR=$cache step "anatomy_${mutant}_$run" 120 $command
       python3 benchmarks/example_anatomy.py "$mutant $run" "/tmp/anatomy/$mutant-$run.json" "$cache" \

@@ -38,19 +38,19 @@ class Captured(Generic[Inputs, Outputs]):
     """``function(inputs)`` captured once: fill ``inputs`` in place, then ``replay()`` for the outputs."""
 
     def __init__(self, function: Callable[..., Outputs], inputs: Inputs, pool, *, warm_up: bool) -> None:
-        self.inputs, self._pool = inputs, pool
+        self.inputs = inputs
         device = inputs[0].device
         if warm_up:  # lazy initialisation (cuBLAS handles, workspaces) must not be captured
             _on_side_stream(device, lambda: function(inputs))
         self.graph = torch.cuda.CUDAGraph()
-        _on_side_stream(device, lambda: self._capture(function))
+        _on_side_stream(device, lambda: self._capture(function, pool))
 
-    def _capture(self, function: Callable[..., Outputs]) -> None:
+    def _capture(self, function: Callable[..., Outputs], pool) -> None:
         # As torch.cuda.graph captures, without what its entry adds: a device synchronisation, emptying the
         # allocator's caches (so the next example's pool is cudaMalloc'ed again) and, in some torch versions,
         # gc.collect(): a cost each new shape paid (docs/performance.md). thread_local: another thread's CUDA
         # work (none of the suite's, but a kernel's helper might) goes on.
-        self.graph.capture_begin(self._pool, capture_error_mode="thread_local")
+        self.graph.capture_begin(pool, capture_error_mode="thread_local")
         try:
             self.outputs = function(self.inputs)
         finally:

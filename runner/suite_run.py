@@ -613,7 +613,6 @@ class SuiteRun:
             terminalreporter.write_line(f"report: {self.report_path} (summary.png beside it)")
 
 
-
 # The op types' plain properties (output and LSE within the bound): run first, so that under -x the first failure
 # of a kernel that is simply wrong is named by the plainest claim, not by a corruption whose next call it fails.
 _PLAIN_PROPERTY_FILES = ("test_decode.py", "test_prefill.py")
