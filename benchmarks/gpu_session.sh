@@ -56,6 +56,14 @@
 #                                            # named; a digest of each report (benchmarks/report_digest.py);
 #                                            # SANITIZER_SHRINK=SECONDS: a sanitized failure shrinks beside them;
 #                                            # PYTEST_ARGS: more options for each entry's run (-k EXPR, a file)
+#   bash benchmarks/gpu_session.sh limits    # what stops the plain run: at the goal's 1,500 examples per property with
+#                                            # 8 and 16 workers and at the profile's 300 with 8 (warm caches; RUNS=
+#                                            # "1500x8 300x8" names others), the GPU's utilisation sampled every 200 ms
+#                                            # (gpu_busy.txt: percentiles per run); then the device's busy time per
+#                                            # example (throughput.py launches)
+#   bash benchmarks/gpu_session.sh busy      # the device's busy time per example and stage (throughput.py launches), the
+#                                            # plain run's report (per-property time), and 16 workers on one GPU with
+#                                            # pytest's own failure lines (WORKERS=16)
 # Summaries go to $OUT (default ./gpu-out); each step has its own time limit, so one slow step cannot
 # take the rest down. SGLang's kernel file is found on PYTHONPATH (adapters/sglang_decode.py says how).
 set -uo pipefail
@@ -350,6 +358,38 @@ anatomy)
         >>"$OUT/summary.txt" 2>&1
     done
   done
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+limits)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  nproc | sed 's/^/cores: /' | tee -a "$OUT/summary.txt"
+  step warm 150 python3 benchmarks/throughput.py scaling --gpus 1 --max-examples 4 --no-warmup
+  for run in ${RUNS:-1500x8 1500x16 300x8}; do  # examples per property x workers
+    set -- ${run/x/ }
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 >"$OUT/util-$1-$2.raw" &
+    sampler=$!
+    step "plain_$1_$2" 300 python3 benchmarks/throughput.py scaling --gpus 1 --max-examples "$1" \
+      --workers-per-gpu "$2" --no-warmup
+    kill $sampler
+    python3 benchmarks/gpu_busy.py "$OUT/util-$1-$2.raw" "$1 examples/property, $2 workers" >>"$OUT/gpu_busy.txt"
+    rm -f "$OUT/util-$1-$2.raw"
+  done
+  step launches 200 python3 benchmarks/throughput.py launches --examples 300
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+busy)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  step launches 200 python3 benchmarks/throughput.py launches --examples 300
+  step plain 120 python3 benchmarks/throughput.py scaling --gpus 1 --no-warmup --out "$OUT/runs"
+  latest=$(ls -t "$OUT"/runs/scaling/gpus1-*/*/report.md 2>/dev/null | head -n 1)
+  [ -n "$latest" ] && cp "$latest" "$OUT/plain_report.md"
+  rm -rf "$OUT/runs"
+  step "workers_${WORKERS:-16}" 200 "${PYTEST[@]}" properties -n auto --workers-per-gpu="${WORKERS:-16}" \
+    --hypothesis-profile=gpu -q -rfE --run-report="$OUT/runs16"
+  grep -E "^(FAILED|ERROR) |Error|error:" "$OUT/workers_${WORKERS:-16}.log" | sort | uniq -c | sort -rn | head -n 40 \
+    | cut -c1-400 >"$OUT/workers_failures.txt"
+  awk '/^_{5,} /{n++} n>=1 && n<=2' "$OUT/workers_${WORKERS:-16}.log" | head -n 150 | cut -c1-300 >>"$OUT/workers_failures.txt"
+  rm -rf "$OUT/runs16"
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 production)  # appends to $OUT's summary and digest, so several runs can share one $OUT (TAG names their logs)

@@ -23,7 +23,10 @@ turn on the device, so these, more than the kernels launched, bound examples/s p
 
 ``launches`` counts, per example and stage, the host's calls that hand the GPU work (torch's
 profiler): kernel launches (Triton's included), graph launches (one each, however many
-kernels the graph holds), copies and fills. Under time-slicing each is a turn on the device.
+kernels the graph holds), copies and fills. Under time-slicing each is a turn on the device. It also
+prints the device's busy time per example and stage (the kernels, copies and fills those calls gave it, timed by
+the profiler) and the busiest kernels by name: where workers share a GPU that is busy most of the time, that
+time, summed over the workers, is what bounds examples/s.
 
 ``scaling`` runs the property suite with a fixed number of examples per property
 (``--max-examples``), once on the first GPU and once on the first two
@@ -65,7 +68,8 @@ from statistics import median
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-from gqa_decode_fuzz.generation import stages  # noqa: E402 - after the path; imports neither torch nor triton
+from gqa_decode_fuzz.engine.target import DEFAULT_IMPL  # noqa: E402 - after the path; imports no torch
+from gqa_decode_fuzz.generation import stages  # noqa: E402 - imports neither torch nor triton
 
 STAGES = ("generation", *stages.STAGES)
 
@@ -222,14 +226,38 @@ def run_launches(options) -> dict:
         kind = _SUBMISSIONS.get(event.name)
         if kind:
             table.setdefault(_stage_of(event), Counter())[kind] += 1
+    busy_by_stage, busy_by_kernel = _device_busy(profiler.events())
     print(f"submissions to the device per example on {torch.cuda.get_device_name(device)}, {options.impl}, "
-          f"{limits} ({count} examples; a graph launch counts one)")
-    print(f"{'stage':<12}" + "".join(f"{kind:>9}" for kind in _KINDS) + f"{'in all':>9}")
+          f"{limits} ({count} examples; a graph launch counts one), and the device's busy time they gave it")
+    print(f"{'stage':<12}" + "".join(f"{kind:>9}" for kind in _KINDS) + f"{'in all':>9}{'busy us':>9}")
     for stage, kinds in [*table.items(), ("in all", sum(table.values(), Counter()))]:
+        busy = sum(busy_by_kernel.values()) if stage == "in all" else busy_by_stage.get(stage, 0.0)
         print(f"{stage:<12}" + "".join(f"{kinds[kind] / count:>9.2f}" for kind in _KINDS)
-              + f"{sum(kinds.values()) / count:>9.2f}")
+              + f"{sum(kinds.values()) / count:>9.2f}{busy / count:>9.1f}")
+    print("the device's busiest work, microseconds per example (kernels, copies and fills by name):")
+    for name, busy in busy_by_kernel.most_common(12):
+        print(f"{busy / count:>9.1f}  {name}")
     return {"examples": count, "per_example": {stage: {k: n / count for k, n in kinds.items()}
-                                               for stage, kinds in table.items()}}
+                                               for stage, kinds in table.items()},
+            "busy_us_per_example": {stage: busy / count for stage, busy in busy_by_stage.items()},
+            "busiest_us_per_example": {name: busy / count for name, busy in busy_by_kernel.most_common(12)}}
+
+
+def _device_busy(events) -> tuple[Counter, Counter]:
+    """Microseconds the device spent on the profiled work: per outermost stage (its range's device time, which
+    counts the kernels launched inside it; what no stage launched counts as generation) and per kernel name."""
+    from torch.autograd import DeviceType
+
+    by_stage: Counter = Counter()
+    by_kernel: Counter = Counter()
+    for event in events:
+        if event.device_type == DeviceType.CUDA:
+            if not event.name.startswith("stage:"):  # a stage's range also shows on the device's timeline
+                by_kernel[event.name[:90]] += event.device_time_total
+        elif event.name.startswith("stage:") and _stage_of(event) == "generation":  # an outermost stage's range
+            by_stage[event.name.removeprefix("stage:")] += event.device_time_total
+    by_stage["generation"] = max(0.0, sum(by_kernel.values()) - sum(by_stage.values()))
+    return by_stage, by_kernel
 
 
 # ---- scaling --------------------------------------------------------------------------------
@@ -246,7 +274,7 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
     if max_examples is not None:
         env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
     report_dir = report_root / f"gpus{gpus}-{time.time_ns()}"
-    command = [sys.executable, "-m", "pytest", *options.paths, "-n", "auto", "-q", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", *options.paths, "-n", "auto", "-q", "-rfE", "-p", "no:cacheprovider",
                f"--workers-per-gpu={workers_per_gpu}", f"--mps={mps}",
                f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
                f"--failures-dir={report_root / 'failures'}", f"--impl={options.impl}"]
@@ -258,7 +286,9 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
     throughput = run.get("throughput", {})
     examples = throughput.get("examples", 0)
     tail = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
-    return {"gpus": gpus, "exit": result.returncode, "summary": tail[0], "wall_s": wall, "examples": examples,
+    failures = [line[:300] for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return {"gpus": gpus, "exit": result.returncode, "summary": tail[0], "failures": failures[:12],
+            "wall_s": wall, "examples": examples,
             "examples_per_second": examples / wall if wall else 0.0,
             "examples_per_second_per_gpu": examples / wall / gpus if wall else 0.0,
             "tests_wall_s": throughput.get("wall"), "stages_ms_per_example": throughput.get("stages_ms_per_example"),
@@ -292,6 +322,8 @@ def run_scaling(options) -> dict:
               f"{run['examples_per_second']:>9.1f}{run['examples_per_second_per_gpu']:>9.1f}"
               f"{run['examples_per_second'] / base:>7.2f}{_tests_rate(run):>11.1f}{_tests_rate(run) / tests_base:>7.2f}"
               f"  {run['summary']}")
+        for line in run["failures"]:  # a correct kernel fails nothing: any line here is the suite's or the machine's
+            print(f"      {line}")
     for run in runs[-1:]:
         steady = (run["stages_ms_per_example"] or {}).get("steady")
         if steady:
@@ -341,6 +373,8 @@ def run_isolation(options) -> dict:
         print(f"{run['isolation']:>10}{run['examples']:>10}{run['wall_s']:>9.1f}{run['examples_per_second']:>9.1f}"
               f"{run['examples_per_second'] / base:>7.2f}{_tests_rate(run):>11.1f}{_tests_rate(run) / tests_base:>7.2f}"
               f"  {run['summary']}")
+        for line in run["failures"]:  # a correct kernel fails nothing: any line here is the suite's or the machine's
+            print(f"      {line}")
     return {"impl": options.impl, "device": options.device, "workers": options.workers, "runs": runs}
 
 
@@ -453,7 +487,9 @@ def run_startup(options) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("stages", "syncs", "launches", "scaling", "startup", "isolation"))
-    parser.add_argument("--impl", default="kernel:run", help="implementation under test (as --impl)")
+    parser.add_argument("--impl", default=DEFAULT_IMPL,
+                        help="implementation under test (as --impl; default the suite's own kernel, which runs "
+                             "in-process as in the plain command: any other spelling of it is isolated)")
     parser.add_argument("--out", default=None, help="directory for the JSON results")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
                         help="stages: where to run (default cuda); startup: --device (default auto)")

@@ -651,7 +651,7 @@ def observing() -> bool:
 
 
 class SuiteOutOfMemory(BaseException):  # noqa: N818 - reads as what happened
-    """The builder could not allocate a case's inputs: a limit of the machine, not a defect of the kernel.
+    """The suite could not allocate a case's inputs or its oracle: a limit of the machine, not a kernel's defect.
 
     A BaseException, so Hypothesis neither shrinks nor retries it; the plugin reports the
     test as an infrastructure error, not as a failed property.
@@ -679,16 +679,24 @@ def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool
     return built_and_observed(_build, case, device, observe=observe)
 
 
-def built_and_observed(builder: Callable, case, device: torch.device | str, *, observe: bool = True):
-    """``builder(case, device)`` timed as the build stage, an allocation failure raised as ``SuiteOutOfMemory``,
-    the result told to the build observers unless ``observe`` is False: every op type's builder goes through it."""
+@contextlib.contextmanager
+def suite_allocating(what: Callable[[], str]) -> Iterator[None]:
+    """The suite's own work on a case (its inputs, its oracle and bound): running out of memory in it raises
+    ``SuiteOutOfMemory`` naming ``what()`` (worded only then), so that a machine's limit never reads as the
+    kernel's failure."""
     try:
-        with stage("build"):
-            inputs = builder(case, torch.device(device))
+        yield
     except (RuntimeError, MemoryError) as error:
         if not (_out_of_memory(error) or isinstance(error, MemoryError)):
             raise
-        raise SuiteOutOfMemory(f"the suite could not allocate the inputs of {case} on {device}: {error}") from error
+        raise SuiteOutOfMemory(f"the suite could not allocate {what()}: {error}") from error
+
+
+def built_and_observed(builder: Callable, case, device: torch.device | str, *, observe: bool = True):
+    """``builder(case, device)`` timed as the build stage, an allocation failure raised as ``SuiteOutOfMemory``,
+    the result told to the build observers unless ``observe`` is False: every op type's builder goes through it."""
+    with suite_allocating(lambda: f"the inputs of {case} on {device}"), stage("build"):
+        inputs = builder(case, torch.device(device))
     for observer in _build_observers if observe and observing() else ():
         observer(case, inputs)
     return inputs

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gqa_decode_fuzz import reference
 from gqa_decode_fuzz.reference import prefill_oracle
 
-from .cases import DecodeInputs, host_values
+from .cases import DecodeInputs, host_values, suite_allocating
 from .prefill_cases import PrefillInputs
 from .stages import timed
 
@@ -18,7 +18,13 @@ _attend_ragged_prefill = timed("oracle", prefill_oracle.attend_ragged_prefill)
 
 
 def oracle_of(inputs: DecodeInputs | PrefillInputs) -> reference.Reference:
-    """The float64 answer and bound for a built call: one row per sequence (decode) or per query token (prefill)."""
+    """The float64 answer and bound for a built call: one row per sequence (decode) or per query token (prefill).
+    Running out of memory here is the suite's (``cases.SuiteOutOfMemory``), not the implementation's."""
+    with suite_allocating(lambda: f"the float64 oracle of a call of {len(inputs.kv_indptr) - 1} sequences"):
+        return _oracle_of(inputs)
+
+
+def _oracle_of(inputs: DecodeInputs | PrefillInputs) -> reference.Reference:
     if isinstance(inputs, PrefillInputs):
         return _prefill_oracle_of(inputs)
     return _attend(*inputs, indptr_on_host=host_values(inputs.kv_indptr),

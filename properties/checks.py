@@ -20,7 +20,6 @@ from gqa_decode_fuzz.generation.strategies import SizeLimits, decode_cases, run_
 from gqa_decode_fuzz.reference import compare as _compare
 
 Reference = reference.Reference
-attend = timed("oracle", reference.attend)
 assert_within_bound = timed("checks", reference.assert_within_bound)
 
 

@@ -50,7 +50,7 @@ from .checks import (
     assert_same_result,
     assert_unchanged,
     assert_within_bound,
-    attend,
+    oracle_of,
     poisoned_allocations,
     run_and_check,
     snapshot,
@@ -312,7 +312,7 @@ def poison_stays_put(impl, case, device, contract, page_rank: int = 0, tensor: s
     _applies(bool(referenced))  # some sequence must read a page
     page = referenced[page_rank % len(referenced)]
     output, lse = impl(*poison_page(inputs, page, tensor, value))
-    reference = attend(*inputs)
+    reference = oracle_of(inputs)
     readers = sequences_reading(inputs, page)
     _note(f"sequences reading page {page}: {sorted(readers)}")
     for seq in set(range(case.batch)) - readers:

@@ -188,6 +188,9 @@ class SuiteRun:
         self.is_controller = state.plan.controller
         # The implementation's child process (``isolated_impl``), where it runs in one.
         self.isolated = state.target.function if state.plan.isolated and not state.plan.controller else None
+        # What this worker's allocator may keep between examples on a GPU it shares (read before the GPU ids go).
+        self.cache_share = gpus.cached_memory_share(pin) if state.device.type == "cuda" else None
+        self.cache_limit: int | None = None  # bytes, read from the device at the first example
         if not self.is_controller:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
@@ -296,7 +299,10 @@ class SuiteRun:
         sharded = callspec is not None and "hypothesis_shard" in callspec.params
         if sharded:
             shards.share_database_key(item)
-        with shards.wrapping_examples(item, self.remembering), shards.wrapping_examples(item, self.counter.counting), \
+        keeping_share = shards.wrapping_examples(item, self.keeping_cache_share) if self.cache_share \
+            else contextlib.nullcontext()
+        with shards.wrapping_examples(item, self.remembering), keeping_share, \
+                shards.wrapping_examples(item, self.counter.counting), \
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.guard.shielding), \
                 shards.wrapping_examples(item, self.isolated.wrapping) if self.isolated else contextlib.nullcontext(), \
@@ -323,6 +329,27 @@ class SuiteRun:
                 raise
 
         return remembered
+
+    def keeping_cache_share(self, example: Callable) -> Callable:
+        """``example`` (one Hypothesis example) followed by emptying torch's cache where it keeps more than this
+        worker's share of a GPU it shares (``gpus.cached_memory_share``): the other workers' examples need it."""
+
+        @functools.wraps(example)
+        def kept(*args, **kwargs):
+            try:
+                return example(*args, **kwargs)
+            finally:
+                self._trim_cache()
+
+        return kept
+
+    def _trim_cache(self) -> None:
+        device = self.state.device
+        with contextlib.suppress(RuntimeError):  # a lost context: the example's own error is what matters
+            if self.cache_limit is None:
+                self.cache_limit = int(self.cache_share * torch.cuda.get_device_properties(device).total_memory)
+            if torch.cuda.memory_reserved(device) > self.cache_limit:
+                torch.cuda.empty_cache()
 
     # ---- one test ------------------------------------------------------------------------------
 

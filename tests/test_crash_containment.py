@@ -108,7 +108,8 @@ def test_the_suite_running_out_of_memory_is_an_infrastructure_error_not_a_failur
     result = run_pytest("tests/infrastructure_cases.py", "--impl=tests/impls/torch_float32.py:run", "--device=cpu",
                         "--hypothesis-profile=ci", "-n", "0", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "1 error" in result.stdout and "failed" not in result.stdout.splitlines()[-1], result.stdout
+    assert "2 errors" in result.stdout and "failed" not in result.stdout.splitlines()[-1], result.stdout
+    assert "the suite could not allocate the float64 oracle of a call of 2 sequences" in result.stdout, result.stdout
     assert "SuiteOutOfMemory" in result.stdout and not (tmp_path / "failures").exists()
 
 

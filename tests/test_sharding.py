@@ -54,6 +54,16 @@ def test_worker_is_pinned_and_shares_the_triton_cache(monkeypatch, slots):
     assert os.environ["TRITON_CACHE_DIR"] == str(slots / "cache")  # one cache: what any worker compiled, all load
 
 
+@pytest.mark.parametrize(("workers", "gpu_ids", "share"), [
+    ("16", "0", gpus.CACHED_MEMORY_KEPT / 16), ("16", "0,1", gpus.CACHED_MEMORY_KEPT / 8),
+    ("3", "0,1", gpus.CACHED_MEMORY_KEPT / 2), ("2", "0,1", None)])
+def test_workers_sharing_a_gpu_keep_a_share_of_its_memory_cached(monkeypatch, workers, gpu_ids, share):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    monkeypatch.setenv(gpus.GPU_IDS_ENV, gpu_ids)
+    assert gpus.cached_memory_share(gpus.Pin(gpu="0", slot="gpu0-0")) == share
+    assert gpus.cached_memory_share(None) is None and gpus.cached_memory_share(gpus.Pin(gpu=None, slot="gw0")) is None
+
+
 def test_cpu_worker_gets_no_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
     monkeypatch.delenv(gpus.GPU_IDS_ENV, raising=False)
