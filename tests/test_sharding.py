@@ -64,6 +64,22 @@ def test_workers_sharing_a_gpu_keep_a_share_of_its_memory_cached(monkeypatch, wo
     assert gpus.cached_memory_share(None) is None and gpus.cached_memory_share(gpus.Pin(gpu=None, slot="gw0")) is None
 
 
+@pytest.mark.parametrize(("reserved", "emptied"), [(600, True), (400, False)])
+def test_a_worker_empties_its_cache_after_an_example_that_left_more_than_its_share(monkeypatch, reserved, emptied):
+    import torch
+
+    from gqa_decode_fuzz.runner.suite_run import SuiteRun
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: argparse.Namespace(total_memory=1000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("emptied"))
+    run = argparse.Namespace(state=argparse.Namespace(device=torch.device("cuda")), cache_share=0.5, cache_limit=None)
+    run._trim_cache = lambda: SuiteRun._trim_cache(run)
+    example = SuiteRun.keeping_cache_share(run, lambda value: value * 2)
+    assert example(21) == 42 and run.cache_limit == 500 and calls == (["emptied"] if emptied else [])
+
+
 def test_cpu_worker_gets_no_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
     monkeypatch.delenv(gpus.GPU_IDS_ENV, raising=False)
