@@ -60,7 +60,7 @@
 #                                            # 8 and 16 workers and at the profile's 300 with 8 (warm caches; RUNS=
 #                                            # "1500x8 300x8" names others), the GPU's utilisation sampled every 200 ms
 #                                            # (gpu_busy.txt: percentiles per run); then the device's busy time per
-#                                            # example (throughput.py launches)
+#                                            # example (throughput.py launches; NO_LAUNCHES=1 leaves it out)
 #   bash benchmarks/gpu_session.sh busy      # the device's busy time per example and stage (throughput.py launches), the
 #                                            # plain run's report (per-property time), and 16 workers on one GPU with
 #                                            # pytest's own failure lines (WORKERS=16)
@@ -374,7 +374,7 @@ limits)
     python3 benchmarks/gpu_busy.py "$OUT/util-$1-$2.raw" "$1 examples/property, $2 workers" >>"$OUT/gpu_busy.txt"
     rm -f "$OUT/util-$1-$2.raw"
   done
-  step launches 200 python3 benchmarks/throughput.py launches --examples 300
+  [ -z "${NO_LAUNCHES:-}" ] && step launches 200 python3 benchmarks/throughput.py launches --examples 300
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 busy)

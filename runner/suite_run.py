@@ -151,6 +151,25 @@ class _InThread:
             raise self.error
 
 
+def on_a_shared_gpu(impl: Callable) -> Callable:
+    """``impl`` whose running out of GPU memory, on a GPU that several workers share, is the run's limit
+    (``cases.SuiteOutOfMemory``, an infrastructure error), not the implementation's failure: the other workers'
+    examples hold memory there. An isolated child's error arrives as a plain exception with torch's words."""
+
+    @functools.wraps(impl)
+    def call(*args, **kwargs):
+        try:
+            return impl(*args, **kwargs)
+        except Exception as error:
+            if not (isinstance(error, torch.OutOfMemoryError) or str(error).startswith("torch.OutOfMemoryError")):
+                raise
+            raise cases.SuiteOutOfMemory(
+                f"the GPU, which this run's workers share, ran out of memory in the implementation's call "
+                f"(fewer --workers-per-gpu leave it more): {str(error).splitlines()[0][:400]}") from error
+
+    return call
+
+
 class SuiteRun:
     """One pytest run of the suite: its recorder, guard, shards and report; hooks and fixtures as methods."""
 
@@ -199,8 +218,9 @@ class SuiteRun:
     def guarded_impl(self) -> Callable:
         """The implementation under test as the ``impl`` fixture gives it: its calls recorded, its knobs drawn,
         its faults contained, its time counted as the kernel stage."""
-        return guarded_impl(self.state.target, self.guard, self.recorder.note_call, self.knob_draws,
+        impl = guarded_impl(self.state.target, self.guard, self.recorder.note_call, self.knob_draws,
                             isolated=self.state.plan.isolated)
+        return on_a_shared_gpu(impl) if self.cache_share else impl
 
     # ---- session -------------------------------------------------------------------------------
 

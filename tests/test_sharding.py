@@ -80,6 +80,32 @@ def test_a_worker_empties_its_cache_after_an_example_that_left_more_than_its_sha
     assert example(21) == 42 and run.cache_limit == 500 and calls == (["emptied"] if emptied else [])
 
 
+@pytest.mark.parametrize("in_child", [False, True])
+def test_an_implementation_out_of_memory_on_a_shared_gpu_is_the_runs_limit(in_child):
+    import torch
+
+    from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory
+    from gqa_decode_fuzz.runner.suite_run import on_a_shared_gpu
+
+    def impl(*args):
+        if in_child:  # an isolated child's error, re-raised in the parent as the nearest built-in class
+            raise RuntimeError("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB")
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    with pytest.raises(SuiteOutOfMemory, match="ran out of memory in the implementation's call"):
+        on_a_shared_gpu(impl)()
+
+
+def test_an_implementations_other_errors_stay_its_own():
+    from gqa_decode_fuzz.runner.suite_run import on_a_shared_gpu
+
+    def impl(*args):
+        raise ValueError("kv_indptr must start at 0")
+
+    with pytest.raises(ValueError, match="kv_indptr"):
+        on_a_shared_gpu(impl)()
+
+
 def test_cpu_worker_gets_no_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
     monkeypatch.delenv(gpus.GPU_IDS_ENV, raising=False)
