@@ -3,6 +3,8 @@ the parent's time goes (cProfile of the isolated calls, the heaviest functions b
 
     python benchmarks/isolated_call.py [--impl tests/impls/torch_float32.py:run] [--calls 300] [--device cuda]
 
+(the package installed, or ``. benchmarks/namespace.sh`` with the checkout on ``PYTHONPATH``, as on the GPU image)
+
 Prints the median and 90th percentile of a call in-process and isolated (the parent's wait for the child's answer
 included, and the check for late writes that ends each example), then the profile of the isolated calls. The
 case is the central property's default draw at the large case sizes, built once.
