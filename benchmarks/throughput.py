@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -287,7 +288,10 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
     examples = throughput.get("examples", 0)
     tail = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
     failures = [line[:300] for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    return {"gpus": gpus, "exit": result.returncode, "summary": tail[0], "failures": failures[:12],
+    # What was raised, each distinct error line once: a correct kernel fails nothing, so these name the cause.
+    raised = list(dict.fromkeys(line[:300] for line in result.stdout.splitlines()
+                                if re.match(r"E\s+[\w.]+(Error|Exception|Lost|Memory)\w*:", line)))
+    return {"gpus": gpus, "exit": result.returncode, "summary": tail[0], "failures": failures[:12] + raised[:8],
             "wall_s": wall, "examples": examples,
             "examples_per_second": examples / wall if wall else 0.0,
             "examples_per_second_per_gpu": examples / wall / gpus if wall else 0.0,

@@ -10,7 +10,8 @@ Three options, all off by default:
     "first_failure": k or null, "seconds_to_first_failure": s or null}}, "first_example_to_failure": s or null,
     "example_ms": [[test, ms, gap], ...]}`` (seconds from the session's first example to its first failing one,
     and each example's milliseconds up to that one in the order they ran, with the milliseconds since the one
-    before ended: where first calls compile, and what drawing costs). It wraps each test's
+    before ended: where first calls compile, and what drawing costs; the first ``EXAMPLE_MS_KEPT`` only, so a
+    kernel that never fails leaves a record of bounded size). It wraps each test's
     ``.hypothesis.inner_test``, the hook Hypothesis provides for wrapping. Invalid
     draws (``assume``, overruns) are not counted; shrinking and the final replay
     come after the first failure and do not change the count.
@@ -47,6 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--corpus-no-explicit", action="store_true", help="skip the explicit @example phase")
 
 
+EXAMPLE_MS_KEPT = 2000  # examples timed in the record: a first failure comes far sooner, or not at all
+
+
 @pytest.hookimpl(trylast=True)  # after the hypothesis plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     config.corpus_records = {}
@@ -76,7 +80,9 @@ def _counting(inner, record: dict, clock: dict, test: str):
     def timed(begun: float) -> None:
         if clock["first_failure"] is None:
             ended, before = time.perf_counter(), clock.get("last_end", begun)
-            clock["example_ms"].append([test, round(1000 * (ended - begun), 1), round(1000 * (begun - before), 1)])
+            if len(clock["example_ms"]) < EXAMPLE_MS_KEPT:
+                clock["example_ms"].append([test, round(1000 * (ended - begun), 1),
+                                            round(1000 * (begun - before), 1)])
             clock["last_end"] = ended
 
     @functools.wraps(inner)
