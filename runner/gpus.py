@@ -31,12 +31,13 @@ GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
 SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
-__all__ = ["Pin", "auto_worker_count", "cached_memory_share", "claim_slot", "export_gpus", "memory_turn",
-           "pin_this_worker", "release_slots", "share_cores", "visible_gpu_ids", "workers_per_gpu"]
+__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "pin_this_worker", "release_slots",
+           "share_cores", "shares_its_gpu", "visible_gpu_ids", "workers_per_gpu"]
 
-# Of a GPU's memory, what the caches of the workers sharing it may keep between examples, together: the rest is
-# the headroom of a huge-pool example in its memory turn and of the examples in flight.
-CACHED_MEMORY_KEPT = 0.75
+# A worker that shares its GPU empties torch's cache after an example when less than this share of the GPU's
+# memory is free: each worker's cache grows to its largest examples (and its graphs' pool), and sixteen of them
+# filled an H200, where the suite's own oracle then failed to allocate on ordinary cases (docs/workers.md).
+RELEASE_CACHE_BELOW_FREE = 0.25
 
 
 @dataclass(frozen=True)
@@ -175,19 +176,13 @@ def share_cores() -> int | None:
     return threads
 
 
-def cached_memory_share(pin: Pin | None) -> float | None:
-    """Worker side: the fraction of its GPU's memory this worker's allocator may keep cached between examples,
-    ``CACHED_MEMORY_KEPT`` over the workers sharing the GPU; None for a process that has its GPU alone.
-
-    torch's allocator keeps what an example freed for the next one. Each worker's cache grows to its largest
-    example (and its captured graphs), and sixteen of them filled an H200: the suite's own oracle then ran out of
-    memory on small cases (docs/workers.md)."""
+def shares_its_gpu(pin: Pin | None) -> bool:
+    """Worker side: whether this worker shares its GPU with others of the run (as ``-n`` spread them)."""
     if pin is None or pin.gpu is None:
-        return None
+        return False
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     gpus = len([gpu for gpu in os.environ.get(GPU_IDS_ENV, "").split(",") if gpu]) or 1
-    sharing = -(-workers // gpus)
-    return CACHED_MEMORY_KEPT / sharing if sharing > 1 else None
+    return workers > gpus
 
 
 @contextlib.contextmanager

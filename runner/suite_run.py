@@ -207,9 +207,8 @@ class SuiteRun:
         self.is_controller = state.plan.controller
         # The implementation's child process (``isolated_impl``), where it runs in one.
         self.isolated = state.target.function if state.plan.isolated and not state.plan.controller else None
-        # What this worker's allocator may keep between examples on a GPU it shares (read before the GPU ids go).
-        self.cache_share = gpus.cached_memory_share(pin) if state.device.type == "cuda" else None
-        self.cache_limit: int | None = None  # bytes, read from the device at the first example
+        # Whether other workers share this one's GPU (read before the GPU ids go): then memory is everyone's.
+        self.shares_gpu = state.device.type == "cuda" and gpus.shares_its_gpu(pin)
         if not self.is_controller:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
@@ -220,7 +219,7 @@ class SuiteRun:
         its faults contained, its time counted as the kernel stage."""
         impl = guarded_impl(self.state.target, self.guard, self.recorder.note_call, self.knob_draws,
                             isolated=self.state.plan.isolated)
-        return on_a_shared_gpu(impl) if self.cache_share else impl
+        return on_a_shared_gpu(impl) if self.shares_gpu else impl
 
     # ---- session -------------------------------------------------------------------------------
 
@@ -319,9 +318,9 @@ class SuiteRun:
         sharded = callspec is not None and "hypothesis_shard" in callspec.params
         if sharded:
             shards.share_database_key(item)
-        keeping_share = shards.wrapping_examples(item, self.keeping_cache_share) if self.cache_share \
+        releasing = shards.wrapping_examples(item, self.releasing_memory) if self.shares_gpu \
             else contextlib.nullcontext()
-        with shards.wrapping_examples(item, self.remembering), keeping_share, \
+        with shards.wrapping_examples(item, self.remembering), releasing, \
                 shards.wrapping_examples(item, self.counter.counting), \
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.guard.shielding), \
@@ -350,25 +349,23 @@ class SuiteRun:
 
         return remembered
 
-    def keeping_cache_share(self, example: Callable) -> Callable:
-        """``example`` (one Hypothesis example) followed by emptying torch's cache where it keeps more than this
-        worker's share of a GPU it shares (``gpus.cached_memory_share``): the other workers' examples need it."""
+    def releasing_memory(self, example: Callable) -> Callable:
+        """``example`` (one Hypothesis example) followed by emptying torch's cache when little of the GPU's memory
+        is free (``gpus.RELEASE_CACHE_BELOW_FREE``): the other workers sharing it need what this one keeps."""
 
         @functools.wraps(example)
-        def kept(*args, **kwargs):
+        def released(*args, **kwargs):
             try:
                 return example(*args, **kwargs)
             finally:
-                self._trim_cache()
+                self._release_cache_if_short()
 
-        return kept
+        return released
 
-    def _trim_cache(self) -> None:
-        device = self.state.device
+    def _release_cache_if_short(self) -> None:
         with contextlib.suppress(RuntimeError):  # a lost context: the example's own error is what matters
-            if self.cache_limit is None:
-                self.cache_limit = int(self.cache_share * torch.cuda.get_device_properties(device).total_memory)
-            if torch.cuda.memory_reserved(device) > self.cache_limit:
+            free, total = torch.cuda.mem_get_info(self.state.device)  # the driver's count: no sync, no stats
+            if free < gpus.RELEASE_CACHE_BELOW_FREE * total:
                 torch.cuda.empty_cache()
 
     # ---- one test ------------------------------------------------------------------------------

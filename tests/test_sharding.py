@@ -54,30 +54,27 @@ def test_worker_is_pinned_and_shares_the_triton_cache(monkeypatch, slots):
     assert os.environ["TRITON_CACHE_DIR"] == str(slots / "cache")  # one cache: what any worker compiled, all load
 
 
-@pytest.mark.parametrize(("workers", "gpu_ids", "share"), [
-    ("16", "0", gpus.CACHED_MEMORY_KEPT / 16), ("16", "0,1", gpus.CACHED_MEMORY_KEPT / 8),
-    ("3", "0,1", gpus.CACHED_MEMORY_KEPT / 2), ("2", "0,1", None)])
-def test_workers_sharing_a_gpu_keep_a_share_of_its_memory_cached(monkeypatch, workers, gpu_ids, share):
+@pytest.mark.parametrize(("workers", "gpu_ids", "shared"), [("16", "0", True), ("3", "0,1", True), ("2", "0,1", False)])
+def test_a_worker_knows_whether_it_shares_its_gpu(monkeypatch, workers, gpu_ids, shared):
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
     monkeypatch.setenv(gpus.GPU_IDS_ENV, gpu_ids)
-    assert gpus.cached_memory_share(gpus.Pin(gpu="0", slot="gpu0-0")) == share
-    assert gpus.cached_memory_share(None) is None and gpus.cached_memory_share(gpus.Pin(gpu=None, slot="gw0")) is None
+    assert gpus.shares_its_gpu(gpus.Pin(gpu="0", slot="gpu0-0")) is shared
+    assert not gpus.shares_its_gpu(None) and not gpus.shares_its_gpu(gpus.Pin(gpu=None, slot="gw0"))
 
 
-@pytest.mark.parametrize(("reserved", "emptied"), [(600, True), (400, False)])
-def test_a_worker_empties_its_cache_after_an_example_that_left_more_than_its_share(monkeypatch, reserved, emptied):
+@pytest.mark.parametrize(("free", "emptied"), [(200, True), (400, False)])
+def test_a_worker_on_a_shared_gpu_empties_its_cache_when_little_memory_is_free(monkeypatch, free, emptied):
     import torch
 
     from gqa_decode_fuzz.runner.suite_run import SuiteRun
 
     calls = []
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: argparse.Namespace(total_memory=1000))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 1000))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("emptied"))
-    run = argparse.Namespace(state=argparse.Namespace(device=torch.device("cuda")), cache_share=0.5, cache_limit=None)
-    run._trim_cache = lambda: SuiteRun._trim_cache(run)
-    example = SuiteRun.keeping_cache_share(run, lambda value: value * 2)
-    assert example(21) == 42 and run.cache_limit == 500 and calls == (["emptied"] if emptied else [])
+    run = argparse.Namespace(state=argparse.Namespace(device=torch.device("cuda")))
+    run._release_cache_if_short = lambda: SuiteRun._release_cache_if_short(run)
+    example = SuiteRun.releasing_memory(run, lambda value: value * 2)
+    assert example(21) == 42 and calls == (["emptied"] if emptied else [])
 
 
 @pytest.mark.parametrize("in_child", [False, True])
