@@ -134,7 +134,8 @@ def pin_this_worker() -> Pin | None:
     return pin
 
 
-# Workers per GPU beyond which examples/s stopped growing, time-sliced and under MPS (docs/gpu.md sections 17-19).
+# Workers per GPU for ``auto``: where examples/s stopped growing, time-sliced and under MPS (docs/gpu.md sections
+# 17-19). In-process on an H200, 12 ran faster still but out of memory (section 35): 8 is the most that runs clean.
 MEASURED_KNEE = 8
 
 
