@@ -279,24 +279,32 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
                f"--workers-per-gpu={workers_per_gpu}", f"--mps={mps}",
                f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
                f"--failures-dir={report_root / 'failures'}", f"--impl={options.impl}"]
+    run = _pytest_run(command, env, report_dir)
+    report = run.pop("report")
+    return {"gpus": gpus, **run, "examples_per_second_per_gpu": run["examples_per_second"] / gpus,
+            "stages_ms_per_example": report.get("throughput", {}).get("stages_ms_per_example"),
+            "workers": sum(g.get("workers", 0) for g in report.get("gpus", {}).values()), "mps": mps}
+
+
+def _pytest_run(command: list[str], env: dict[str, str], report_dir: Path) -> dict:
+    """Run one pytest command of the suite: its exit status, last line, failing items and what they raised (a
+    correct kernel fails nothing: any such line is the suite's or the machine's), wall time, and what its run
+    report (``report``, the run.json) counted."""
     start = time.perf_counter()
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     reports = sorted(report_dir.glob("*/run.json"))
-    run = json.loads(reports[-1].read_text()) if reports else {}
-    throughput = run.get("throughput", {})
+    report = json.loads(reports[-1].read_text()) if reports else {}
+    throughput = report.get("throughput", {})
     examples = throughput.get("examples", 0)
-    tail = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
-    failures = [line[:300] for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    # What was raised, each distinct error line once: a correct kernel fails nothing, so these name the cause.
-    raised = list(dict.fromkeys(line[:300] for line in result.stdout.splitlines()
+    lines = result.stdout.splitlines()
+    failures = [line[:300] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    raised = list(dict.fromkeys(line[:300] for line in lines  # each distinct error line once
                                 if re.match(r"E\s+[\w.]+(Error|Exception|Lost|Memory)\w*:", line)))
-    return {"gpus": gpus, "exit": result.returncode, "summary": tail[0], "failures": failures[:12] + raised[:8],
-            "wall_s": wall, "examples": examples,
-            "examples_per_second": examples / wall if wall else 0.0,
-            "examples_per_second_per_gpu": examples / wall / gpus if wall else 0.0,
-            "tests_wall_s": throughput.get("wall"), "stages_ms_per_example": throughput.get("stages_ms_per_example"),
-            "workers": sum(g.get("workers", 0) for g in run.get("gpus", {}).values()), "mps": mps}
+    tail = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
+    return {"exit": result.returncode, "summary": tail[0], "failures": failures[:12] + raised[:8], "wall_s": wall,
+            "examples": examples, "examples_per_second": examples / wall if wall else 0.0,
+            "tests_wall_s": throughput.get("wall"), "report": report}
 
 
 def _tests_rate(run: dict) -> float:
@@ -347,20 +355,13 @@ def _isolation_run(options, isolation: str, report_root: Path, max_examples: int
     if max_examples is not None:
         env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
     report_dir = report_root / f"{isolation}-{time.time_ns()}"
-    command = [sys.executable, "-m", "pytest", *options.paths, "-n", options.workers, "-q", "-p", "no:cacheprovider",
-               f"--device={options.device}", f"--isolation={isolation}", f"--impl={options.impl}",
-               f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
+    command = [sys.executable, "-m", "pytest", *options.paths, "-n", options.workers, "-q", "-rfE",
+               "-p", "no:cacheprovider", f"--device={options.device}", f"--isolation={isolation}",
+               f"--impl={options.impl}", f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
                f"--failures-dir={report_root / 'failures'}", *options.pytest_args]
-    start = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    reports = sorted(report_dir.glob("*/run.json"))
-    throughput = json.loads(reports[-1].read_text()).get("throughput", {}) if reports else {}
-    examples = throughput.get("examples", 0)
-    tail = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
-    return {"isolation": isolation, "exit": result.returncode, "summary": tail[0], "wall_s": wall,
-            "examples": examples, "examples_per_second": examples / wall if wall else 0.0,
-            "tests_wall_s": throughput.get("wall")}
+    run = _pytest_run(command, env, report_dir)
+    del run["report"]
+    return {"isolation": isolation, **run}
 
 
 def run_isolation(options) -> dict:
