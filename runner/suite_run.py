@@ -25,7 +25,7 @@ from hypothesis import example
 from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import devices, examples, isolation, knobs
-from gqa_decode_fuzz.engine.containment import CudaContextLost, Guard, is_sticky_cuda_error
+from gqa_decode_fuzz.engine.containment import CudaContextLost, Guard, is_out_of_memory, is_sticky_cuda_error
 from gqa_decode_fuzz.engine.guarded import guarded_impl
 from gqa_decode_fuzz.engine.target import WAIVERS, Target
 from gqa_decode_fuzz.generation import cases, stages
@@ -154,14 +154,14 @@ class _InThread:
 def on_a_shared_gpu(impl: Callable) -> Callable:
     """``impl`` whose running out of GPU memory, on a GPU that several workers share, is the run's limit
     (``cases.SuiteOutOfMemory``, an infrastructure error), not the implementation's failure: the other workers'
-    examples hold memory there. An isolated child's error arrives as a plain exception with torch's words."""
+    examples hold memory there."""
 
     @functools.wraps(impl)
     def call(*args, **kwargs):
         try:
             return impl(*args, **kwargs)
         except Exception as error:
-            if not (isinstance(error, torch.OutOfMemoryError) or str(error).startswith("torch.OutOfMemoryError")):
+            if not is_out_of_memory(error):
                 raise
             raise cases.SuiteOutOfMemory(
                 f"the GPU, which this run's workers share, ran out of memory in the implementation's call "
