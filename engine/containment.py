@@ -42,7 +42,7 @@ _STICKY = re.compile(
     re.IGNORECASE,
 )
 
-__all__ = ["CRASH_EXIT_CODE", "CudaContextLost", "Guard", "is_out_of_memory", "is_sticky_cuda_error"]
+__all__ = ["CRASH_EXIT_CODE", "CudaContextLost", "Guard", "is_sticky_cuda_error"]
 
 
 class CudaContextLost(BaseException):  # noqa: N818 - reads as what happened
@@ -52,14 +52,6 @@ class CudaContextLost(BaseException):  # noqa: N818 - reads as what happened
 def is_sticky_cuda_error(error: BaseException) -> bool:
     """Whether ``error`` is a CUDA error that leaves the process's context unusable."""
     return isinstance(error, (RuntimeError, CudaContextLost)) and bool(_STICKY.search(str(error)))
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is torch's out-of-memory error, raised in this process or in an isolated child (whose
-    errors the parent raises as their nearest built-in class, the message led by the original's name:
-    ``isolated_impl``)."""
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and str(error).startswith("torch.OutOfMemoryError"))
 
 
 class Guard:

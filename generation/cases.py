@@ -658,9 +658,12 @@ class SuiteOutOfMemory(BaseException):  # noqa: N818 - reads as what happened
     """
 
 
-def _out_of_memory(error: BaseException) -> bool:
-    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-    return isinstance(error, oom) or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is running out of memory: torch's error (raised in this process, or in an isolated child,
+    whose errors the parent raises as their nearest built-in class, the message led by the original's name), or
+    the CPU allocator's failure."""
+    return isinstance(error, torch.OutOfMemoryError) or isinstance(error, RuntimeError) and (
+        str(error).startswith("torch.OutOfMemoryError") or "can't allocate memory" in str(error))
 
 
 def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool = True) -> DecodeInputs:
@@ -687,7 +690,7 @@ def suite_allocating(what: Callable[[], str]) -> Iterator[None]:
     try:
         yield
     except (RuntimeError, MemoryError) as error:
-        if not (_out_of_memory(error) or isinstance(error, MemoryError)):
+        if not (is_out_of_memory(error) or isinstance(error, MemoryError)):
             raise
         raise SuiteOutOfMemory(f"the suite could not allocate {what()}: {error}") from error
 

@@ -45,8 +45,7 @@ pytestmark = pytest.mark.gpu
 @example(case=DecodeCase(lengths=(3,), page_layout="pool_end", spare_pages=4_300_000, kv_layout="dim_outer"))
 def test_page_ids_beyond_2_to_the_22_give_the_right_answer(impl, device, large_allocation, case):
     case = as_deep_in_the_active_definition(case)
-    with large_allocation():  # up to ~20 GB per example: one such example per GPU at a time
-        _check_huge(impl, case, device)
+    large_allocation(_check_huge, impl, case, device)  # up to ~20 GB per example: one such example per GPU at a time
 
 
 def _check_huge(impl, case: DecodeCase, device) -> None:

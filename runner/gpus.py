@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import tempfile
@@ -31,8 +32,8 @@ GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
 SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
-__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "pin_this_worker", "release_slots",
-           "share_cores", "shares_its_gpu", "visible_gpu_ids", "workers_per_gpu"]
+__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "memory_wanted", "pin_this_worker",
+           "release_slots", "share_cores", "shares_its_gpu", "visible_gpu_ids", "wanting_memory", "workers_per_gpu"]
 
 # A worker that shares its GPU empties torch's cache after an example when less than this share of the GPU's
 # memory is free: each worker's cache grows to its largest examples (and its graphs' pool), and sixteen of them
@@ -200,3 +201,33 @@ def memory_turn(pin: Pin | None) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)  # releases the lock
+
+
+@functools.cache
+def _wanted_flag(pin: Pin) -> str | None:
+    """The file whose presence asks every worker on ``pin``'s GPU to empty its cache after each example."""
+    if pin.gpu is None or pin.slots_dir is None:
+        return None
+    return str(pin.slots_dir / f"gpu{pin.gpu}-memory-wanted")
+
+
+def memory_wanted(pin: Pin | None) -> bool:
+    """Worker side: whether the worker holding this GPU's memory turn ran short and waits for the others' caches
+    (one ``stat``, cheap enough after every example)."""
+    flag = _wanted_flag(pin) if pin is not None else None
+    return flag is not None and os.path.exists(flag)
+
+
+@contextlib.contextmanager
+def wanting_memory(pin: Pin | None) -> Iterator[None]:
+    """Inside the block (held by the memory turn's holder), the other workers on this GPU empty their caches after
+    each example (``memory_wanted``). A no-op outside xdist GPU slots."""
+    flag = _wanted_flag(pin) if pin is not None else None
+    if flag is None:
+        yield
+        return
+    Path(flag).touch()
+    try:
+        yield
+    finally:
+        Path(flag).unlink(missing_ok=True)

@@ -29,7 +29,6 @@ PIN = gpus.pin_this_worker()
 # ruff: noqa: E402  (everything below is imported after the pin, on purpose)
 
 import argparse
-import contextlib
 import datetime
 import os
 import sys
@@ -539,27 +538,10 @@ def cuda_context_check(pytestconfig: pytest.Config):
     _suite_run(pytestconfig).guard.check_context()
 
 
-@pytest.fixture(scope="session")  # stateless, and Hypothesis refuses function-scoped fixtures
-def large_allocation():
-    """A context for one example that allocates a large share of GPU memory (huge page pools): waits for
-    this GPU's turn among the workers sharing it, then frees the cached memory for the next worker. The
-    example's tensors must live in frames that have returned by then (a function the block calls): a
-    failure's traceback keeps those frames, whose locals are cleared here before the cache is emptied."""
-
-    import torch
-
-    from .suite_run import release_frames  # torch: after the workers start
-
-    @contextlib.contextmanager
-    def turn():
-        with gpus.memory_turn(PIN):
-            try:
-                yield
-            except BaseException as error:
-                release_frames(error)
-                raise
-            finally:
-                with contextlib.suppress(RuntimeError):  # a lost context must not replace the test's own error
-                    torch.cuda.empty_cache()
-
-    return turn
+@pytest.fixture(scope="session")  # Hypothesis refuses function-scoped fixtures
+def large_allocation(pytestconfig: pytest.Config) -> Callable:
+    """``large_allocation(check, *args)`` runs ``check(*args)``, an example's work that allocates a large share of
+    GPU memory (huge page pools), in this GPU's turn among the workers sharing it, once more after the others
+    emptied their caches where it ran short, and frees the cached memory for the next worker
+    (``SuiteRun.in_memory_turn``). The example's tensors must live in ``check``'s frames."""
+    return _suite_run(pytestconfig).in_memory_turn

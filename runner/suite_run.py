@@ -25,7 +25,7 @@ from hypothesis import example
 from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import devices, examples, isolation, knobs
-from gqa_decode_fuzz.engine.containment import CudaContextLost, Guard, is_out_of_memory, is_sticky_cuda_error
+from gqa_decode_fuzz.engine.containment import CudaContextLost, Guard, is_sticky_cuda_error
 from gqa_decode_fuzz.engine.guarded import guarded_impl
 from gqa_decode_fuzz.engine.target import WAIVERS, Target
 from gqa_decode_fuzz.generation import cases, stages
@@ -161,13 +161,30 @@ def on_a_shared_gpu(impl: Callable) -> Callable:
         try:
             return impl(*args, **kwargs)
         except Exception as error:
-            if not is_out_of_memory(error):
+            if not cases.is_out_of_memory(error):
                 raise
             raise cases.SuiteOutOfMemory(
                 f"the GPU, which this run's workers share, ran out of memory in the implementation's call "
                 f"(fewer --workers-per-gpu leave it more): {str(error).splitlines()[0][:400]}") from error
 
     return call
+
+
+def _short_of_memory(error: BaseException) -> bool:
+    return isinstance(error, cases.SuiteOutOfMemory) or cases.is_out_of_memory(error)
+
+
+def _wait_for_released_memory(device: torch.device, settle_s: float = 0.5, most_s: float = 10.0) -> None:
+    """Until the GPU's free memory has stopped growing for ``settle_s`` (the other workers empty their caches as
+    their running examples end), at most ``most_s``."""
+    step = 64 * 2**20  # less growth than this is noise: another worker's allocation or release
+    start = grown = time.monotonic()
+    most_free = torch.cuda.mem_get_info(device)[0]
+    while (now := time.monotonic()) - grown < settle_s and now - start < most_s:
+        time.sleep(0.02)
+        free = torch.cuda.mem_get_info(device)[0]
+        if free > most_free + step:
+            most_free, grown = free, now
 
 
 class SuiteRun:
@@ -318,9 +335,9 @@ class SuiteRun:
         sharded = callspec is not None and "hypothesis_shard" in callspec.params
         if sharded:
             shards.share_database_key(item)
-        releasing = shards.wrapping_examples(item, self.releasing_memory) if self.shares_gpu \
-            else contextlib.nullcontext()
-        with shards.wrapping_examples(item, self.remembering), releasing, \
+        # Innermost: an out-of-memory error is the run's before ``remembering`` could take it for a failure.
+        sharing = shards.wrapping_examples(item, self.sharing_memory) if self.shares_gpu else contextlib.nullcontext()
+        with sharing, shards.wrapping_examples(item, self.remembering), \
                 shards.wrapping_examples(item, self.counter.counting), \
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.guard.shielding), \
@@ -349,24 +366,56 @@ class SuiteRun:
 
         return remembered
 
-    def releasing_memory(self, example: Callable) -> Callable:
-        """``example`` (one Hypothesis example) followed by emptying torch's cache when little of the GPU's memory
-        is free (``gpus.RELEASE_CACHE_BELOW_FREE``): the other workers sharing it need what this one keeps."""
+    def sharing_memory(self, example: Callable) -> Callable:
+        """``example`` (one Hypothesis example) on a GPU that other workers share: running out of memory anywhere
+        in it is the run's limit (``cases.SuiteOutOfMemory``; their examples hold memory there), and afterwards
+        torch's cache is emptied when little of the GPU's memory is free or a huge example waits for it."""
 
         @functools.wraps(example)
-        def released(*args, **kwargs):
+        def shared(*args, **kwargs):
             try:
                 return example(*args, **kwargs)
+            except Exception as error:
+                if not cases.is_out_of_memory(error):
+                    raise
+                raise cases.SuiteOutOfMemory(
+                    f"the GPU, which this run's workers share, ran out of memory in the suite's work on a case "
+                    f"(fewer --workers-per-gpu leave it more): {str(error).splitlines()[0][:400]}") from error
             finally:
                 self._release_cache_if_short()
 
-        return released
+        return shared
 
     def _release_cache_if_short(self) -> None:
         with contextlib.suppress(RuntimeError):  # a lost context: the example's own error is what matters
             free, total = torch.cuda.mem_get_info(self.state.device)  # the driver's count: no sync, no stats
-            if free < gpus.RELEASE_CACHE_BELOW_FREE * total:
+            if free < gpus.RELEASE_CACHE_BELOW_FREE * total or gpus.memory_wanted(self.pin):
                 torch.cuda.empty_cache()
+
+    def in_memory_turn(self, check: Callable, *args) -> object:
+        """``check(*args)``, an example's work that needs a large share of the GPU's memory (huge page pools), in
+        this GPU's memory turn: the workers sharing it run such work one at a time. Where it runs short, it asks
+        the others to empty their caches (``gpus.wanting_memory``), waits for that memory and runs once more.
+        Its tensors must live in ``check``'s frames, which a failure's traceback keeps: they are cleared before
+        the cache is emptied for the next worker."""
+        with gpus.memory_turn(self.pin):
+            try:
+                try:
+                    return check(*args)
+                except BaseException as error:
+                    if not (self.shares_gpu and _short_of_memory(error)):
+                        raise
+                    release_frames(error)
+                    torch.cuda.empty_cache()
+                with gpus.wanting_memory(self.pin):
+                    _wait_for_released_memory(self.state.device)
+                    return check(*args)
+            except BaseException as error:
+                release_frames(error)
+                raise
+            finally:
+                with contextlib.suppress(RuntimeError):  # a lost context must not replace the test's own error
+                    torch.cuda.empty_cache()
 
     # ---- one test ------------------------------------------------------------------------------
 

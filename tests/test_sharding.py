@@ -1,6 +1,7 @@
 """GPU pinning of xdist workers, what -n auto means, and properties split into shards."""
 
 import argparse
+import contextlib
 import ctypes
 import os
 import subprocess
@@ -62,19 +63,80 @@ def test_a_worker_knows_whether_it_shares_its_gpu(monkeypatch, workers, gpu_ids,
     assert not gpus.shares_its_gpu(None) and not gpus.shares_its_gpu(gpus.Pin(gpu=None, slot="gw0"))
 
 
-@pytest.mark.parametrize(("free", "emptied"), [(200, True), (400, False)])
-def test_a_worker_on_a_shared_gpu_empties_its_cache_when_little_memory_is_free(monkeypatch, free, emptied):
+def _shared_run(monkeypatch, tmp_path, free: int, calls: list):
+    """A stand-in SuiteRun on a GPU two workers share, ``free`` of 1000 bytes free, its cache emptyings in
+    ``calls``."""
     import torch
 
     from gqa_decode_fuzz.runner.suite_run import SuiteRun
 
-    calls = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 1000))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("emptied"))
-    run = argparse.Namespace(state=argparse.Namespace(device=torch.device("cuda")))
+    run = argparse.Namespace(state=argparse.Namespace(device=torch.device("cuda")), shares_gpu=True,
+                             pin=gpus.Pin(gpu="0", slot="gpu0-1", slots_dir=tmp_path))
     run._release_cache_if_short = lambda: SuiteRun._release_cache_if_short(run)
-    example = SuiteRun.releasing_memory(run, lambda value: value * 2)
-    assert example(21) == 42 and calls == (["emptied"] if emptied else [])
+    return run
+
+
+@pytest.mark.parametrize(("free", "wanted", "emptied"), [(200, False, True), (400, False, False), (400, True, True)])
+def test_a_worker_on_a_shared_gpu_empties_its_cache_when_memory_is_short_or_wanted(monkeypatch, tmp_path, free,
+                                                                                  wanted, emptied):
+    from gqa_decode_fuzz.runner.suite_run import SuiteRun
+
+    calls = []
+    run = _shared_run(monkeypatch, tmp_path, free, calls)
+    example = SuiteRun.sharing_memory(run, lambda value: value * 2)
+    with gpus.wanting_memory(gpus.Pin(gpu="0", slot="gpu0-0", slots_dir=tmp_path)) if wanted \
+            else contextlib.nullcontext():
+        assert example(21) == 42 and calls == (["emptied"] if emptied else [])
+    assert not gpus.memory_wanted(run.pin)  # the flag goes with the turn
+
+
+def test_running_out_of_memory_anywhere_in_an_example_on_a_shared_gpu_is_the_runs_limit(monkeypatch, tmp_path):
+    import torch
+
+    from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory
+    from gqa_decode_fuzz.runner.suite_run import SuiteRun
+
+    def example(error):  # e.g. a check's or a metamorphic property's second build's allocation
+        raise error
+
+    shared = SuiteRun.sharing_memory(_shared_run(monkeypatch, tmp_path, 400, []), example)
+    with pytest.raises(SuiteOutOfMemory, match="ran out of memory in the suite's work"):
+        shared(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"))
+    with pytest.raises(AssertionError, match="not within bound"):  # a property's failure stays one
+        shared(AssertionError("output not within bound"))
+
+
+@pytest.mark.parametrize("shares_gpu", [True, False])
+def test_a_huge_example_short_of_memory_asks_the_others_and_runs_once_more(monkeypatch, tmp_path, shares_gpu):
+    import torch
+
+    from gqa_decode_fuzz.generation.cases import SuiteOutOfMemory
+    from gqa_decode_fuzz.runner import suite_run
+
+    run = _shared_run(monkeypatch, tmp_path, 400, calls := [])
+    run.shares_gpu = shares_gpu
+    monkeypatch.setattr(suite_run, "_wait_for_released_memory", lambda device: calls.append("waited"))
+    attempts = []
+
+    def check(size):
+        attempts.append(gpus.memory_wanted(run.pin))
+        if len(attempts) == 1:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size}")
+        return size
+
+    if not shares_gpu:  # alone on its GPU: no one to ask, the error is the example's
+        with pytest.raises(torch.OutOfMemoryError):
+            suite_run.SuiteRun.in_memory_turn(run, check, "6.79 GiB")
+        assert attempts == [False]
+        return
+    assert suite_run.SuiteRun.in_memory_turn(run, check, "6.79 GiB") == "6.79 GiB"
+    assert attempts == [False, True] and calls == ["emptied", "waited", "emptied"]
+    assert not gpus.memory_wanted(run.pin)
+    with pytest.raises(SuiteOutOfMemory):  # short twice: the run's limit (the example's own wrapper says so)
+        attempts.clear()
+        suite_run.SuiteRun.in_memory_turn(run, lambda: (_ for _ in ()).throw(SuiteOutOfMemory("6.79 GiB")))
 
 
 @pytest.mark.parametrize("in_child", [False, True])
