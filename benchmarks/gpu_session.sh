@@ -59,7 +59,8 @@
 #   bash benchmarks/gpu_session.sh limits    # what stops the plain run: at the goal's 1,500 examples per property with
 #                                            # 8 and 16 workers and at the profile's 300 with 8 (warm caches; RUNS=
 #                                            # "1500x8 300x8" names others), the GPU's utilisation sampled every 200 ms
-#                                            # (gpu_busy.txt: percentiles per run); then the device's busy time per
+#                                            # (gpu_busy.txt: percentiles per run; ORACLE_GROUPS=1 first times the
+#                                            # oracle's grouping by length, oracle_groups.py); then the device's busy time per
 #                                            # example (throughput.py launches; NO_LAUNCHES=1 leaves it out)
 #   bash benchmarks/gpu_session.sh busy      # the device's busy time per example and stage (throughput.py launches), the
 #                                            # plain run's report (per-property time), and 16 workers on one GPU with
@@ -364,6 +365,7 @@ limits)
   nvidia-smi -L | tee "$OUT/summary.txt"
   nproc | sed 's/^/cores: /' | tee -a "$OUT/summary.txt"
   step warm 150 python3 benchmarks/throughput.py scaling --gpus 1 --max-examples 4 --no-warmup
+  [ -n "${ORACLE_GROUPS:-}" ] && step oracle_groups 200 python3 benchmarks/oracle_groups.py --cases 300
   for run in ${RUNS:-1500x8 1500x16 300x8}; do  # examples per property x workers
     set -- ${run/x/ }
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 >"$OUT/util-$1-$2.raw" &

@@ -272,10 +272,65 @@ def attend(
 
 def attend_rows(q, k_cache, v_cache, kv_indices, starts: list[int], lengths: list[int], scale: float) -> Reference:
     """The oracle and its bound for query rows ``q`` [R, H, D], row r over the first ``lengths[r]`` tokens of the
-    pages ``kv_indices[starts[r]:]`` (``scale`` already float32): ``attend``'s computation, in chunks that fit the
-    memory budget. Each row is one decode; causal prefill (``prefill_oracle``) hands it a row per query."""
-    parts = [
-        _attend_chunk(q[a:b], k_cache, v_cache, kv_indices, starts[a:b], lengths[a:b], scale)
-        for a, b in _chunks(lengths, k_cache.shape[2] * q.shape[2])
-    ]
-    return parts[0] if len(parts) == 1 else Reference(*(torch.cat(field) for field in zip(*parts)))
+    pages ``kv_indices[starts[r]:]`` (``scale`` already float32): ``attend``'s computation, the rows grouped by
+    length (``_length_groups``) and in chunks that fit the memory budget. Each row is one decode; causal prefill
+    (``prefill_oracle``) hands it a row per query."""
+    parts, order = [], []
+    for group in _length_groups(lengths, graphs_enabled(q.device)):
+        group_q = _rows_of(q, group)
+        group_starts, group_lengths = [starts[r] for r in group], [lengths[r] for r in group]
+        for a, b in _chunks(group_lengths, k_cache.shape[2] * q.shape[2]):
+            parts.append(_attend_chunk(group_q[a:b], k_cache, v_cache, kv_indices, group_starts[a:b],
+                                       group_lengths[a:b], scale))
+        order += group
+    joined = parts[0] if len(parts) == 1 else Reference(*(torch.cat(field) for field in zip(*parts)))
+    if order == sorted(order):
+        return joined
+    back = to_device(torch.tensor(order).argsort(), q.device)  # each row's place in the grouped order
+    return Reference(*(field.index_select(0, back) for field in joined))
+
+
+# A group of rows costs the oracle about as much device time as this many more padded token slots would (a graph
+# replay's few dozen small kernels): benchmarks/oracle_groups.py measures the trade.
+_GROUP_COST_SLOTS = 4096
+
+
+def _padded_slots(count: int, longest: int, graphed: bool) -> int:
+    """Token slots the oracle computes for ``count`` rows padded to the longest (and, graphed, to a graph's shape)."""
+    shape = _graph_shape(count, longest) if graphed else None
+    return shape[0] * shape[1] if shape else count * max(longest, 1)
+
+
+def _length_groups(lengths: list[int], graphed: bool) -> list[list[int]]:
+    """The rows in groups computed apart, each padded to its own longest row: longest rows first, cut where the
+    padding saved outweighs another group's cost (``_GROUP_COST_SLOTS``). A ragged batch padded whole to its
+    longest sequence computes several times its tokens; one group, in the rows' order, where cutting saves nothing.
+
+    Cuts fall only where a row's padded length changes, 1.5x steps as graphs pad (between them a cut saves little),
+    so the search is over a few dozen positions however many rows there are."""
+    if len(lengths) < 2:
+        return [list(range(len(lengths)))]
+    order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
+    width = [_round_up(lengths[row], _SHORTEST_SLOTS, half_steps=True) for row in order]  # as a graph pads a row
+    cuts = [0, *[i for i in range(1, len(order)) if width[i] != width[i - 1]], len(order)]
+    cost, previous = [0] + [math.inf] * (len(cuts) - 1), [0] * len(cuts)
+    for i in range(1, len(cuts)):
+        for j in range(i):
+            spent = cost[j] + _GROUP_COST_SLOTS + _padded_slots(cuts[i] - cuts[j], lengths[order[cuts[j]]], graphed)
+            if spent < cost[i]:
+                cost[i], previous[i] = spent, j
+    bounds, i = [], len(cuts) - 1
+    while i:
+        bounds.append((cuts[previous[i]], cuts[i]))
+        i = previous[i]
+    if len(bounds) <= 1:
+        return [list(range(len(lengths)))]
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
+def _rows_of(q: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``q[rows]``: a view where the rows run in order, else gathered on q's device."""
+    first = rows[0] if rows else 0
+    if rows == list(range(first, first + len(rows))):
+        return q[first:first + len(rows)]
+    return q.index_select(0, to_device(torch.tensor(rows), q.device))

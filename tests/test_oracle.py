@@ -1,6 +1,7 @@
 """The oracle against a naive per-head implementation and against identities."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -199,3 +200,37 @@ def test_graph_replays_give_the_padded_computation_bit_for_bit(monkeypatch):
     for inputs, reference in zip(built, replayed):
         for got, eager in zip(reference, attend(*inputs)):
             torch.testing.assert_close(got, eager, rtol=1e-12, atol=1e-13)
+
+
+RAGGED = SizeLimits(max_batch=6, max_len=300, max_spare_pages=64)
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=decode_cases(limits=RAGGED, values=("normal", "wide", "outliers")))
+def test_rows_grouped_by_length_give_the_answer_of_one_padded_batch(case):
+    """Every cut the grouping may make (a group costing nothing) gives each sequence its own answer and bound, in
+    the call's order, to float64 rounding; against the naive loop as well."""
+    import gqa_decode_fuzz.reference.oracle as oracle
+
+    inputs = build(case)
+    with mock.patch.object(oracle, "_GROUP_COST_SLOTS", 10**9):  # never cut: one batch, in order
+        whole = attend(*inputs)
+    with mock.patch.object(oracle, "_GROUP_COST_SLOTS", 0):  # cut wherever the padded length changes
+        grouped = attend(*inputs)
+    for exact, cut in zip(whole, grouped):
+        torch.testing.assert_close(cut, exact, rtol=1e-12, atol=1e-13)
+    output, lse = naive_attention(*inputs.arguments())
+    torch.testing.assert_close(grouped.output, output, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(grouped.lse, lse, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+@pytest.mark.parametrize("lengths, expected", [
+    ([], [[]]), ([7], [[0]]), ([5, 0, 33, 17], [[0, 1, 2, 3]]),  # cutting saves less than a group costs
+    ([2048] + [16] * 15, [[0], list(range(1, 16))]),  # one long row apart from fifteen short ones
+    ([3, 2048, 1, 2000, 5], [[1, 3], [4, 0, 2]]),  # longest first, then the rest longest first
+])
+def test_rows_are_grouped_by_length_where_padding_costs_more_than_a_group(lengths, expected, graphed):
+    import gqa_decode_fuzz.reference.oracle as oracle
+
+    assert oracle._length_groups(lengths, graphed) == expected
