@@ -55,7 +55,7 @@ from .checks import (
     run_and_check,
     snapshot,
 )
-from .corruptions import CORRUPTIONS, NOT_A_REFUSAL, assert_handled
+from .corruptions import CORRUPTIONS, assert_handled, is_refusal
 
 __all__ = ["Claim", "assert_empty_sequences_exact", "property_claim", "within_bound"]
 
@@ -120,9 +120,9 @@ def _refusing_layouts(impl: Callable, case: DecodeCase, contract: str) -> Callab
     def call(*args, **kwargs):
         try:
             return impl(*args, **kwargs)
-        except NOT_A_REFUSAL:
-            raise
         except Exception as error:
+            if not is_refusal(error):
+                raise
             _refused_clearly(error, contract, LAYOUT_ARGUMENTS, f"case {case}")
             _applies(False)
 
@@ -184,9 +184,9 @@ def right_answer_or_clear_error(impl, case, device, contract) -> None:
     inputs = build(case, device)
     try:
         result = impl(*inputs)
-    except NOT_A_REFUSAL:
-        raise
     except Exception as error:  # refusing a layout is allowed; strict: TypeError/ValueError naming the input
+        if not is_refusal(error):
+            raise
         _refused_clearly(error, contract, LAYOUT_ARGUMENTS, f"case {case}")
         return
     run_and_check(lambda *_: result, inputs, f"case {case}")
@@ -199,10 +199,8 @@ def destinations_written(impl, case, device, contract, layout: str = "contiguous
     context = f"case {case}, {layout} destinations"
     try:
         result = impl(*inputs, destinations=layout)
-    except NOT_A_REFUSAL:
-        raise
     except Exception as error:  # a strided destination may be refused, never the plain one
-        if layout == "contiguous":
+        if layout == "contiguous" or not is_refusal(error):
             raise
         _refused_clearly(error, contract, ("output", "lse"), context)
         return

@@ -15,15 +15,23 @@ from hypothesis import strategies as st
 
 from gqa_decode_fuzz.engine.destinations import DestinationError
 from gqa_decode_fuzz.engine.isolation import ImplementationFailed
-from gqa_decode_fuzz.generation.cases import DecodeInputs, active_definition
+from gqa_decode_fuzz.generation.cases import DecodeInputs, active_definition, is_out_of_memory
 from gqa_decode_fuzz.generation.strategies import SizeLimits
 
-__all__ = ["CORRUPTIONS", "LIMITS", "NOT_A_REFUSAL", "Corruption", "assert_handled", "corruptions"]
+__all__ = ["CORRUPTIONS", "LIMITS", "NOT_A_REFUSAL", "Corruption", "assert_handled", "corruptions",
+           "is_refusal"]
 
 # Errors that refuse nothing where a refusal is allowed: a destination-passing call that wrote outside its
 # destinations, and an isolated implementation's crash, hang, sanitizer error or late write (in-process a fault
 # was no exception a claim could catch, and must not become one by isolating the implementation).
 NOT_A_REFUSAL = (DestinationError, ImplementationFailed)
+
+
+def is_refusal(error: Exception) -> bool:
+    """Whether the implementation's exception may be read as refusing its call: not one of ``NOT_A_REFUSAL``, and
+    not running out of memory (on a shared GPU the run's limit, which the runner reports as such; alone, a failure)."""
+    return not isinstance(error, NOT_A_REFUSAL) and not is_out_of_memory(error)
+
 
 # Validation does not depend on sizes: small cases keep the two calls per example cheap.
 LIMITS = SizeLimits(max_batch=3, max_len=40, max_spare_pages=8)
@@ -208,9 +216,9 @@ def assert_handled(impl, contract: str, inputs: DecodeInputs, corruption: str, w
     if contract != "strict":
         try:
             impl(*call)
-        except NOT_A_REFUSAL:
-            raise
-        except Exception:  # noqa: BLE001 - any exception: how to refuse is the kernel's choice
+        except Exception as error:  # noqa: BLE001 - any exception: how to refuse is the kernel's choice
+            if not is_refusal(error):
+                raise
             return
         assert not broken.forbidden, f"{context}, {corruption}: the call the contract forbids was not refused"
         return  # a call left to policy: refused or computed, both allowed

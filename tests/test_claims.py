@@ -100,6 +100,26 @@ def test_a_case_file_from_before_claims_were_recorded_is_read_but_not_probed(tmp
     assert "names no claim" in cause.note and not prober.tried
 
 
+
+def _raising(error: Exception):
+    def impl(*args):
+        raise error
+    return impl
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                   RuntimeError("torch.OutOfMemoryError: CUDA out of memory (isolated child)")])
+def test_running_out_of_memory_is_never_a_refusal(error):
+    """Where a claim allows a refusal, an out-of-memory error propagates as itself (the runner's shared-GPU rule
+    makes it the run's limit): read as a refusal, strict failed it as unclear and the other tiers passed it."""
+    case = DecodeCase(lengths=(2,), q_layout="strided_dim")
+    for contract in ("strict", "correct"):
+        with pytest.raises(type(error), match="out of memory"):
+            claims.right_answer_or_clear_error(_raising(error), case, "cpu", contract)
+        with pytest.raises(type(error), match="out of memory"):
+            claims.bad_input_handled(_raising(error), DecodeCase(lengths=(2,)), "cpu", contract)
+    claims.right_answer_or_clear_error(_raising(ValueError("q: a strided layout")), case, "cpu", "strict")
+
 # ---- the plugin: collection and run time --------------------------------------------------------------------
 
 _RUN = """
