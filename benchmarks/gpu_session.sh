@@ -61,7 +61,8 @@
 #                                            # "1500x8 300x8" names others), the GPU's utilisation sampled every 200 ms
 #                                            # (gpu_busy.txt: percentiles per run; ORACLE_GROUPS=1 first times the
 #                                            # oracle's grouping by length, oracle_groups.py); then the device's busy time per
-#                                            # example (throughput.py launches; NO_LAUNCHES=1 leaves it out)
+#                                            # example (throughput.py launches; NO_LAUNCHES=1 leaves it out); each
+#                                            # failure's case and error in case_files.txt
 #   bash benchmarks/gpu_session.sh busy      # the device's busy time per example and stage (throughput.py launches), the
 #                                            # plain run's report (per-property time), and 16 workers on one GPU with
 #                                            # pytest's own failure lines (WORKERS=16)
@@ -371,8 +372,10 @@ limits)
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 >"$OUT/util-$1-$2.raw" &
     sampler=$!
     step "plain_$1_$2" 300 python3 benchmarks/throughput.py scaling --gpus 1 --max-examples "$1" \
-      --workers-per-gpu "$2" --no-warmup
+      --workers-per-gpu "$2" --no-warmup --out "$OUT/runs"
     kill $sampler
+    case_file_errors "$OUT"/runs/scaling/failures/*.pt  # what each failure raised, then the case files go
+    rm -rf "$OUT/runs"
     python3 benchmarks/gpu_busy.py "$OUT/util-$1-$2.raw" "$1 examples/property, $2 workers" >>"$OUT/gpu_busy.txt"
     rm -f "$OUT/util-$1-$2.raw"
   done

@@ -267,9 +267,9 @@ def _device_busy(events) -> tuple[Counter, Counter]:
 def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, workers_per_gpu: str,
                mps: str = "auto") -> dict:
     """One pytest run of the property suite on the first ``gpus`` GPUs; examples counted by its run report."""
-    # The suite's options come from the command line only; the oracle's graph and warm-up switches pass, to compare
-    # with them off.
-    passed = ("GQA_DECODE_ORACLE_GRAPHS", "GQA_DECODE_WARM_UP")
+    # The suite's options come from the command line only; the oracle's graph, warm-up and Pareto front switches
+    # pass, to compare with them off (or, for the front, on).
+    passed = ("GQA_DECODE_ORACLE_GRAPHS", "GQA_DECODE_WARM_UP", "GQA_DECODE_PARETO_FRONT")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GQA_DECODE_", "PYTEST_XDIST_")) or k in passed}
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(gpus))
     if max_examples is not None:

@@ -78,6 +78,7 @@ CLAIMS_DIR_ENV = "GQA_DECODE_CLAIMS_DIR"
 CONTRACTS = ("auto", "correct", "strict")
 
 profiles.register_profiles()
+profiles.skip_pareto_front()
 # The hypothesis plugin's --hypothesis-profile, when given, overrides this at configure time.
 settings.load_profile(profiles.default_profile())
 

@@ -13,6 +13,9 @@ Example databases (environment variables):
   the database that the nightly GPU workflow uploads as the artifact ``NIGHTLY_ARTIFACT``
   (set ``GITHUB_TOKEN`` for a private repository), so a first local run replays nightly's
   failures.
+
+Every profile also skips Hypothesis's Pareto front (``skip_pareto_front``) unless
+``GQA_DECODE_PARETO_FRONT=keep``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ REDIS_URL_ENV = "GQA_DECODE_REDIS_URL"
 NIGHTLY_REPO_ENV = "GQA_DECODE_NIGHTLY_REPO"
 NIGHTLY_ARTIFACT = "hypothesis-example-db"  # the name .github/workflows/nightly.yml uploads
 REDIS_KEY_PREFIX = b"gqa-decode:"
+PARETO_FRONT_ENV = "GQA_DECODE_PARETO_FRONT"  # "keep": Hypothesis tracks its Pareto front (skip_pareto_front)
 
 # Sizes follow the device, not the profile, so that a database entry found by one
 # profile replays under another on the same kind of machine.
@@ -100,6 +104,30 @@ def register_profiles() -> None:
     settings.register_profile(
         "repro", parent=base, database=database, phases=(Phase.explicit, Phase.reuse), **common
     )
+
+
+def _never_on_the_front(self: object, data: object) -> bool:
+    return False
+
+
+def skip_pareto_front() -> None:
+    """Keep Hypothesis from tracking the Pareto front of targeted examples (every profile with a database).
+
+    Hypothesis offers each example that called ``target()`` (every property, through
+    ``properties.checks.steer_toward_the_bound``) to a front of non-dominated examples, comparing choice
+    sequences in pure Python: a front its own source calls only marginally useful, which cost more than the
+    rest of generation together (docs/performance.md). Targeting itself climbs from the best example of each
+    label, which Hypothesis keeps apart; with the front empty its optimiser has nothing to do and front
+    entries of older runs' databases are dropped. Left alone where this Hypothesis has no such front, or
+    where ``GQA_DECODE_PARETO_FRONT=keep``.
+    """
+    if os.environ.get(PARETO_FRONT_ENV) == "keep":
+        return
+    from hypothesis.internal.conjecture import pareto
+
+    front = getattr(pareto, "ParetoFront", None)
+    if front is not None and callable(getattr(front, "add", None)):
+        front.add = _never_on_the_front
 
 
 def default_profile() -> str:
