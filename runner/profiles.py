@@ -32,6 +32,7 @@ from hypothesis.database import (
     MultiplexedDatabase,
     ReadOnlyDatabase,
 )
+from hypothesis.internal.conjecture import pareto
 
 from gqa_decode_fuzz.generation.sizes import SizeLimits
 
@@ -115,16 +116,14 @@ def skip_pareto_front() -> None:
 
     Hypothesis offers each example that called ``target()`` (every property, through
     ``properties.checks.steer_toward_the_bound``) to a front of non-dominated examples, comparing choice
-    sequences in pure Python: a front its own source calls only marginally useful, which cost more than the
-    rest of generation together (docs/performance.md). Targeting itself climbs from the best example of each
-    label, which Hypothesis keeps apart; with the front empty its optimiser has nothing to do and front
-    entries of older runs' databases are dropped. Left alone where this Hypothesis has no such front, or
-    where ``GQA_DECODE_PARETO_FRONT=keep``.
+    sequences in pure Python: a front its own source calls only marginally useful, costly in long items
+    (docs/performance.md). Targeting itself climbs from the best example of each label, which Hypothesis keeps
+    apart; with the front empty its optimiser has nothing to do and front entries of older runs' databases are
+    dropped. Left alone where this Hypothesis's ``pareto`` module has no ``ParetoFront.add``, or where
+    ``GQA_DECODE_PARETO_FRONT=keep``.
     """
     if os.environ.get(PARETO_FRONT_ENV) == "keep":
         return
-    from hypothesis.internal.conjecture import pareto
-
     front = getattr(pareto, "ParetoFront", None)
     if front is not None and callable(getattr(front, "add", None)):
         front.add = _never_on_the_front
