@@ -63,6 +63,10 @@
 #                                            # oracle's grouping by length, oracle_groups.py); then the device's busy time per
 #                                            # example (throughput.py launches; NO_LAUNCHES=1 leaves it out); each
 #                                            # failure's case and error in case_files.txt
+#   bash benchmarks/gpu_session.sh oracle    # the oracle's and bound's tests on CUDA, then the device's busy time per
+#                                            # example (launches), the stage table and the plain run at RUNS (default
+#                                            # "1500x8"), for BEFORE=dir (an older checkout; its runs BEFORE_RUNS,
+#                                            # default RUNS) first, then this one
 #   bash benchmarks/gpu_session.sh busy      # the device's busy time per example and stage (throughput.py launches), the
 #                                            # plain run's report (per-property time), and 16 workers on one GPU with
 #                                            # pytest's own failure lines (WORKERS=16)
@@ -380,6 +384,27 @@ limits)
     rm -f "$OUT/util-$1-$2.raw"
   done
   [ -z "${NO_LAUNCHES:-}" ] && step launches 200 python3 benchmarks/throughput.py launches --examples 300
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+oracle)
+  nvidia-smi -L | tee "$OUT/summary.txt"
+  step oracle_tests 240 "${PYTEST[@]}" tests/test_bound.py tests/test_oracle.py tests/test_prefill_oracle.py \
+    tests/test_graphs.py -p no:xdist -q --run-report=none
+  measure() {  # measure TAG RUNS: launches, stages and the plain runs of the checkout in the working directory
+    step "$1_launches" 200 python3 benchmarks/throughput.py launches --examples 300
+    step "$1_stages" 200 python3 benchmarks/throughput.py stages --device cuda --examples 1000
+    for run in $2; do
+      set -- "$1" ${run/x/ }
+      step "$1_plain_$2_$3" 300 python3 benchmarks/throughput.py scaling --gpus 1 --max-examples "$2" \
+        --workers-per-gpu "$3" --no-warmup --out "/tmp/runs-$1"
+      case_file_errors /tmp/runs-"$1"/scaling/failures/*.pt
+      rm -rf "/tmp/runs-$1"
+    done
+  }
+  if [ -n "${BEFORE:-}" ]; then  # its own namespace: the older checkout's folders, not this one's
+    (cd "$BEFORE" && unset PYTHONPATH && . benchmarks/namespace.sh && measure before "${BEFORE_RUNS:-${RUNS:-1500x8}}")
+  fi
+  measure after "${RUNS:-1500x8}"
   tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
   ;;
 busy)

@@ -152,6 +152,9 @@ def run_stages(options) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
     print(f"stages on {name}, {options.impl}, case sizes {limits}")
     print("\n".join(_stages_table(spent)))
+    if device.type == "cuda":  # what one worker keeps: its allocator's peak and its oracle graphs' pool
+        spent["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+        print(f"peak memory reserved by torch's allocator: {spent['peak_reserved_gib']:.2f} GiB")
     return {"device": name, "impl": options.impl, "limits": str(limits), **spent,
             "examples_per_second": spent["examples"] / spent["wall"] if spent["wall"] else None}
 
@@ -236,12 +239,12 @@ def run_launches(options) -> dict:
         print(f"{stage:<12}" + "".join(f"{kinds[kind] / count:>9.2f}" for kind in _KINDS)
               + f"{sum(kinds.values()) / count:>9.2f}{busy / count:>9.1f}")
     print("the device's busiest work, microseconds per example (kernels, copies and fills by name):")
-    for name, busy in busy_by_kernel.most_common(12):
+    for name, busy in busy_by_kernel.most_common(25):
         print(f"{busy / count:>9.1f}  {name}")
     return {"examples": count, "per_example": {stage: {k: n / count for k, n in kinds.items()}
                                                for stage, kinds in table.items()},
             "busy_us_per_example": {stage: busy / count for stage, busy in busy_by_stage.items()},
-            "busiest_us_per_example": {name: busy / count for name, busy in busy_by_kernel.most_common(12)}}
+            "busiest_us_per_example": {name: busy / count for name, busy in busy_by_kernel.most_common(25)}}
 
 
 def _device_busy(events) -> tuple[Counter, Counter]:

@@ -139,15 +139,27 @@ def near_tie_counts(weights: torch.Tensor, token_error: torch.Tensor) -> torch.T
 _DEVIATION_ELEMENTS = 1 << 25
 
 
-def _logit_term(
-    coefficients: torch.Tensor, by_group: torch.Tensor, output: torch.Tensor, padding: torch.Tensor
-) -> torch.Tensor:
+def _logit_term(coefficients: torch.Tensor, by_group: torch.Tensor, output: torch.Tensor, padding: torch.Tensor,
+                lengths: torch.Tensor) -> torch.Tensor:
     """§3 min(sum_l a_l |v_l - o|, max_l |v_l - o|) over each sequence's tokens ([b, g, j, d]).
 
-    ``coefficients`` a [b, g, j, L] (0 past the end), ``by_group`` V [b, g, L, d], ``padding`` [b, 1, 1, L].
-    |v - o| ([b, g, s, L, d]) is formed for as many query heads at a time as fit the budget. Slots past the
-    end take their sequence's first row: a is 0 there, and the maximum runs over the sequence's own tokens
-    (an empty sequence's first row is padding, 0, as is its output).
+    ``coefficients`` a [b, g, j, L] (0 past the end), ``by_group`` V [b, g, L, d], ``output`` o [b, g, j, d],
+    ``padding`` [b, 1, 1, L], ``lengths`` L per sequence. One Triton kernel on CUDA (``_fused_deviation``), which
+    never forms |v - o| in memory; the torch path elsewhere.
+    """
+    if coefficients.is_cuda:
+        from . import _fused_deviation  # Triton, imported on first use: the CPU never needs it
+
+        return _fused_deviation.deviation_term(coefficients, by_group, output, lengths)
+    return _logit_term_torch(coefficients, by_group, output, padding)
+
+
+def _logit_term_torch(
+    coefficients: torch.Tensor, by_group: torch.Tensor, output: torch.Tensor, padding: torch.Tensor
+) -> torch.Tensor:
+    """``_logit_term`` in torch operations: |v - o| ([b, g, s, L, d]) is formed for as many query heads at a time
+    as fit the budget. Slots past the end take their sequence's first row: a is 0 there, and the maximum runs over
+    the sequence's own tokens (an empty sequence's first row is padding, 0, as is its output).
     """
     count, groups, heads, length = coefficients.shape
     filled = torch.where(padding.transpose(2, 3), by_group[:, :, :1], by_group)[:, :, None]  # [b, g, 1, L, d]
@@ -191,7 +203,7 @@ def error_bounds(terms: SoftmaxTerms) -> tuple[torch.Tensor, torch.Tensor]:
     spread = spread.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # A; 0 for empty sequences
     weight_error = error.add_(spread).clamp_(max=MAX_LOG_ERROR)  # D
     coefficients = torch.expm1(weight_error).mul_(w)  # w (e^D - 1)
-    logit_term = _logit_term(coefficients, v, o, padding)
+    logit_term = _logit_term(coefficients, v, o, padding, lengths)
 
     # §4 P rounded to bf16 before P.V, against an unrounded normaliser.
     w_hat = coefficients.add_(w).clamp_(max=1.0).view(count * groups, heads, length)  # min(w e^D, 1)

@@ -1,6 +1,7 @@
 """The error bound's parts: exact where exactness is claimed, sound against correct arithmetic, not slack."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gqa_decode_fuzz.generation.cases import VALUE_REGIMES, DecodeCase, build
-from gqa_decode_fuzz.reference import attend, check_against_reference
+from gqa_decode_fuzz.reference import attend, bound, check_against_reference
 from gqa_decode_fuzz.reference.bound import (
     HOEFFDING_LAMBDA,
     MIN_BLOCK,
@@ -94,3 +95,46 @@ def test_correct_float32_implementations_stay_within_bound(impl, values, lengths
     inputs = build(DecodeCase(lengths=tuple(lengths), values=values, scale=scale, seed=seed))
     for mismatch in check_against_reference(*impl(*inputs.arguments()), attend(*inputs)):
         assert not mismatch.message, mismatch.message
+
+
+def _fused_device() -> str:
+    """Where the bound's Triton kernel can run in this process: CUDA, else the interpreter on the CPU."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    pytest.skip("needs CUDA or Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+@st.composite
+def _deviation_inputs(draw):
+    """The deviation term's operands as the bound hands them over: a >= 0 and V 0 past each sequence's end."""
+    count, groups, heads = draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 10))
+    slots = draw(st.one_of(st.integers(1, 40), st.integers(60, 140)))  # up to three of the kernel's 64-token splits
+    dim = draw(st.sampled_from([1, 32, 40]))
+    lengths = draw(st.lists(st.integers(0, slots), min_size=count, max_size=count))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    padding = torch.arange(slots)[None, None, None, :] >= torch.tensor(lengths)[:, None, None, None]
+    coefficients = torch.rand(count, groups, heads, slots, generator=generator, dtype=torch.float64)
+    coefficients = coefficients.mul_(draw(st.sampled_from([1e-3, 1.0, 30.0]))).masked_fill_(padding, 0.0)
+    values = torch.randn(count, groups, slots, dim, generator=generator, dtype=torch.float64)
+    values = values.mul_(draw(st.sampled_from([1.0, 1e30]))).masked_fill_(padding.transpose(2, 3), 0.0)
+    output = torch.randn(count, groups, heads, dim, generator=generator, dtype=torch.float64)
+    if draw(st.booleans()) and max(lengths) > 0:  # a NaN among one sequence's own values
+        seq = lengths.index(max(lengths))
+        values[seq, 0, draw(st.integers(0, lengths[seq] - 1)), 0] = math.nan
+    return coefficients, values, output, padding, torch.tensor(lengths, dtype=torch.float64)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_deviation_inputs())
+def test_fused_deviation_term_matches_the_torch_path(inputs):
+    from gqa_decode_fuzz.reference import _fused_deviation
+
+    coefficients, values, output, padding, lengths = inputs
+    expected = bound._logit_term_torch(coefficients, values, output, padding)
+    device = _fused_device()
+    got = _fused_deviation.deviation_term(coefficients.to(device), values.to(device), output.to(device),
+                                          lengths.to(device)).cpu()
+    assert torch.equal(got.isnan(), expected.isnan())
+    torch.testing.assert_close(got.nan_to_num(), expected.nan_to_num(), rtol=1e-12, atol=0.0)
