@@ -658,12 +658,21 @@ class SuiteOutOfMemory(BaseException):  # noqa: N818 - reads as what happened
     """
 
 
+# Out of memory in words other than torch's allocator's: CUDA's driver error where Triton loads a kernel on a full
+# GPU (seen: 12 workers on an 80 GB H100, the own kernel's first launch of a layout, docs/gpu.md section 39) or
+# torch makes a handle, and the CPU allocator's.
+_OUT_OF_MEMORY_WORDS = ("Triton Error [CUDA]: out of memory", "CUDA error: out of memory", "can't allocate memory")
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is running out of memory: torch's error (raised in this process, or in an isolated child,
-    whose errors the parent raises as their nearest built-in class, the message led by the original's name), or
-    the CPU allocator's failure."""
-    return isinstance(error, torch.OutOfMemoryError) or isinstance(error, RuntimeError) and (
-        str(error).startswith("torch.OutOfMemoryError") or "can't allocate memory" in str(error))
+    whose errors the parent raises as their nearest built-in class, the message led by the original's name), the
+    CUDA driver's (``_OUT_OF_MEMORY_WORDS``), or the CPU allocator's failure."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and (
+        message.startswith("torch.OutOfMemoryError") or any(words in message for words in _OUT_OF_MEMORY_WORDS))
 
 
 def build(case: DecodeCase, device: torch.device | str = "cpu", *, observe: bool = True) -> DecodeInputs:

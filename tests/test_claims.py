@@ -108,7 +108,8 @@ def _raising(error: Exception):
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-                                   RuntimeError("torch.OutOfMemoryError: CUDA out of memory (isolated child)")])
+                                   RuntimeError("torch.OutOfMemoryError: CUDA out of memory (isolated child)"),
+                                   RuntimeError("Triton Error [CUDA]: out of memory")])  # a kernel's load, full GPU
 def test_running_out_of_memory_is_never_a_refusal(error):
     """Where a claim allows a refusal, an out-of-memory error propagates as itself (the runner's shared-GPU rule
     makes it the run's limit): read as a refusal, strict failed it as unclear and the other tiers passed it."""
