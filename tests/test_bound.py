@@ -1,7 +1,6 @@
 """The error bound's parts: exact where exactness is claimed, sound against correct arithmetic, not slack."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from gqa_decode_fuzz.reference.bound import (
     half_ulp_bf16,
     near_tie_counts,
 )
+from tests.fused_kernels import fused_device
 from tests.impls import precision_defects, torch_float32
 
 
@@ -97,15 +97,6 @@ def test_correct_float32_implementations_stay_within_bound(impl, values, lengths
         assert not mismatch.message, mismatch.message
 
 
-def _fused_device() -> str:
-    """Where the bound's Triton kernel can run in this process: CUDA, else the interpreter on the CPU."""
-    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        return "cuda"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "cpu"
-    pytest.skip("needs CUDA or Triton's interpreter (TRITON_INTERPRET=1)")
-
-
 @st.composite
 def _deviation_inputs(draw):
     """The deviation term's operands as the bound hands them over: a >= 0 and V 0 past each sequence's end."""
@@ -133,7 +124,7 @@ def test_fused_deviation_term_matches_the_torch_path(inputs):
 
     coefficients, values, output, padding, lengths = inputs
     expected = bound._logit_term_torch(coefficients, values, output, padding)
-    device = _fused_device()
+    device = fused_device()
     got = _fused_deviation.deviation_term(coefficients.to(device), values.to(device), output.to(device),
                                           lengths.to(device)).cpu()
     assert torch.equal(got.isnan(), expected.isnan())

@@ -2,7 +2,6 @@
 
 import itertools
 import math
-import os
 import random
 
 import pytest
@@ -18,6 +17,7 @@ from gqa_decode_fuzz.generation.cases import (
     build,
 )
 from gqa_decode_fuzz.reference.definitions import SEED
+from tests.fused_kernels import fused_device
 
 
 def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -193,15 +193,6 @@ def test_cuda_noise_fill_matches_cpu_across_chunks(monkeypatch):
     assert torch.equal(_storage_bytes(on_cpu), _storage_bytes(on_cuda))
 
 
-def _fused_device() -> str:
-    """Where the fused Triton draws can run in this process: CUDA, else the interpreter on the CPU."""
-    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        return "cuda"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "cpu"
-    pytest.skip("needs CUDA or Triton's interpreter (TRITON_INTERPRET=1)")
-
-
 # (key, first counter, elements): ragged against the kernels' blocks, and counters that wrap past 2**32.
 _FUSED_DRAWS = [(cases._key(3, 1), 0, 1), (cases._key(5, 1), 17, 1025), (2**32 - 700, 100, 3000),
                 (cases._key(7, 2), 2**31 - 5, 2048)]
@@ -211,7 +202,7 @@ _FUSED_DRAWS = [(cases._key(3, 1), 0, 1), (cases._key(5, 1), 17, 1025), (2**32 -
 def test_fused_draws_give_the_torch_paths_bits(key, start, count):
     from gqa_decode_fuzz.generation import _fused_hashes
 
-    device = _fused_device()
+    device = fused_device()
     stream = cases._Stream(key, torch.device("cpu"), cases.definitions.SEED)
     stream.used = start
     expected = stream.normal(count)  # the CPU's torch path, counters start .. start + 2 count
