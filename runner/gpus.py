@@ -1,7 +1,7 @@
 """xdist workers on GPUs: which GPU each worker claims, and what ``-n auto`` means.
 
 On a GPU host ``-n auto`` starts ``--workers-per-gpu`` workers per visible GPU (``auto``:
-two cores per worker, at most ``MEASURED_KNEE``). The controller counts the
+three workers for four cores, at most ``MEASURED_KNEE``). The controller counts the
 GPUs and exports their ids; each worker, when the plugin is imported and before anything
 touches CUDA, claims a free slot (a lock file held for the life of the process, so a
 worker that replaces a crashed one takes over the dead worker's GPU) and pins itself there
@@ -135,17 +135,19 @@ def pin_this_worker() -> Pin | None:
     return pin
 
 
-# Workers per GPU for ``auto``: where examples/s stopped growing, time-sliced and under MPS (docs/gpu.md sections
-# 17-19). In-process on an H200, 12 ran faster still but out of memory (section 35): 8 is the most that runs clean.
-MEASURED_KNEE = 8
+# Workers per GPU for ``auto``: where examples/s stopped growing on 16 cores a GPU (docs/gpu.md section 39: 8, 12
+# and 16 workers, clean once the bound no longer formed |v - o| in memory). A worker is host-bound, so the
+# count follows the cores: three workers for four.
+MEASURED_KNEE = 12
 
 
 def workers_per_gpu(option: int | str, gpu_count: int, cores: int | None = None) -> int:
-    """``--workers-per-gpu``: the number given, or for ``auto`` two cores per worker, at most ``MEASURED_KNEE``."""
+    """``--workers-per-gpu``: the number given, or for ``auto`` three workers for every four cores, at most
+    ``MEASURED_KNEE``."""
     if option != "auto":
         return int(option)
     cores = cores or os.cpu_count() or 1
-    return max(1, min(MEASURED_KNEE, cores // (2 * max(gpu_count, 1))))
+    return max(1, min(MEASURED_KNEE, 3 * cores // (4 * max(gpu_count, 1))))
 
 
 def auto_worker_count(device_choice: str, per_gpu: int | str) -> int | None:

@@ -342,10 +342,11 @@ def test_bad_shard_count_is_a_usage_error():
     assert result.returncode == 4 and "--shards: '0': expected a positive whole number" in result.stderr
 
 
-def test_auto_workers_per_gpu_take_two_cores_each_up_to_the_measured_knee():
+def test_auto_workers_per_gpu_are_three_for_four_cores_up_to_the_measured_knee():
     assert gpus.workers_per_gpu(3, 2) == 3
-    assert gpus.workers_per_gpu("auto", 1, cores=16) == 8  # one H200 with 16 cores
-    assert gpus.workers_per_gpu("auto", 2, cores=32) == 8  # two H200s with 32 cores
+    assert gpus.workers_per_gpu("auto", 1, cores=16) == 12  # one H200 (or H100) with 16 cores
+    assert gpus.workers_per_gpu("auto", 2, cores=32) == 12  # two with 32 cores
+    assert gpus.workers_per_gpu("auto", 8, cores=64) == 6
     assert gpus.workers_per_gpu("auto", 1, cores=128) == gpus.MEASURED_KNEE
     assert gpus.workers_per_gpu("auto", 4, cores=8) == 1
 
