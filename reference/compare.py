@@ -112,9 +112,24 @@ class _Pending(NamedTuple):
     actual: torch.Tensor
     expected: torch.Tensor
     bound: torch.Tensor
-    err: torch.Tensor
-    ratio: torch.Tensor
     verdict: torch.Tensor
+
+
+_FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _verdict(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """[elements over their bound, flat index of the worst, worst err/bound], float64, on the device: two Triton
+    launches for CUDA tensors of one device (``_fused_compare``), else ``error_ratio`` and torch reductions."""
+    if (actual.is_cuda and actual.device == expected.device == bound.device and actual.dtype in _FUSED_DTYPES
+            and expected.dtype == bound.dtype == torch.float64 and bound.shape == expected.shape):
+        from . import _fused_compare  # Triton, imported on first use: the CPU never needs it
+
+        return _fused_compare.verdict(actual, expected, bound)
+    _, ratio = error_ratio(actual, expected, bound)
+    flat = ratio.flatten()
+    worst_ratio, at_worst = flat.max(dim=0)  # not flat[flat.argmax()]: a tensor index is read back
+    return torch.stack([(flat > 1).sum().double(), at_worst.double(), worst_ratio])
 
 
 def compare_all(comparisons: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]],
@@ -136,16 +151,15 @@ def compare_all(comparisons: list[tuple[str, torch.Tensor, torch.Tensor, torch.T
         elif not expected.numel():
             found.append(Mismatch(name, 0, 0, 0.0, axes=named_axes))
         else:
-            err, ratio = error_ratio(actual, expected, bound)
-            flat = ratio.flatten()
-            worst_ratio, at_worst = flat.max(dim=0)  # not flat[flat.argmax()]: a tensor index is read back
-            verdict = torch.stack([(flat > 1).sum().double(), at_worst.double(), worst_ratio])
-            pending.append(_Pending(len(found), name, named_axes, actual, expected, bound, err, ratio, verdict))
+            verdict = _verdict(actual, expected, bound)
+            pending.append(_Pending(len(found), name, named_axes, actual, expected, bound, verdict))
             found.append(None)
     verdicts = torch.cat([p.verdict for p in pending]).tolist() if pending else []
     for p, (count, worst, worst_ratio) in zip(pending, zip(*[iter(verdicts)] * 3)):
-        found[p.slot] = _located(p.name, int(count), p.ratio.numel(), int(worst), worst_ratio, p.axes,
-                                 p.actual, p.expected, p.ratio, p.err, p.bound)
+        # Only a comparison that is off reads its elements: the worst one's error and ratio.
+        err, ratio = error_ratio(p.actual, p.expected, p.bound) if count else (None, None)
+        found[p.slot] = _located(p.name, int(count), p.expected.numel(), int(worst), worst_ratio, p.axes,
+                                 p.actual, p.expected, ratio, err, p.bound)
     return found
 
 
@@ -159,9 +173,10 @@ def _bitwise(name: str, actual: torch.Tensor, expected: torch.Tensor, axes: tupl
 
 
 def _located(name: str, count: int, total: int, worst: int, worst_ratio: float, axes: tuple[str, ...],
-             actual: torch.Tensor, expected: torch.Tensor, ratio: torch.Tensor, err: torch.Tensor | None,
+             actual: torch.Tensor, expected: torch.Tensor, ratio: torch.Tensor | None, err: torch.Tensor | None,
              bound: torch.Tensor | None) -> Mismatch:
-    """The Mismatch of a comparison whose verdict is known: the worst element's values only when one is off."""
+    """The Mismatch of a comparison whose verdict is known: the worst element's values only when one is off
+    (``ratio`` is then given)."""
     if not count:
         return Mismatch(name, 0, total, worst_ratio, axes=axes)
 

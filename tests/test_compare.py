@@ -2,9 +2,13 @@
 
 import math
 
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gqa_decode_fuzz.reference.compare import compare, compare_all
+from tests.fused_kernels import fused_device
 
 
 def _triple(values, expected, bound):
@@ -57,3 +61,50 @@ def test_an_error_against_a_nan_bound_is_infinitely_over_it():
     err, ratio = error_ratio(torch.tensor([1.0, 2.0, 2.0]), torch.tensor([0.0, 2.0, 0.0], dtype=torch.float64),
                              torch.tensor([math.nan, math.nan, 0.5], dtype=torch.float64))
     assert ratio.tolist() == [math.inf, 0.0, 4.0] and err.tolist() == [1.0, 0.0, 2.0]
+
+
+_HOSTILE = [0.0, -0.0, 1.0, -2.5, 1e-300, 3e38, 1e308, math.inf, -math.inf, math.nan]
+
+
+@st.composite
+def _verdict_inputs(draw):
+    """A comparison's three tensors: ordinary values with hostile ones (NaN, infinities, zeros of either sign,
+    subnormals, the largest floats) mixed in, in every dtype an implementation may return."""
+    elements = draw(st.one_of(st.integers(1, 40), st.integers(300, 1100)))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    expected = torch.randn(elements, generator=generator, dtype=torch.float64)
+    bound = torch.rand(elements, generator=generator, dtype=torch.float64).mul_(draw(st.sampled_from([1e-3, 1.0])))
+    actual = expected + torch.randn(elements, generator=generator, dtype=torch.float64) * 1e-3
+    for tensor in (actual, expected, bound):
+        spots = draw(st.lists(st.tuples(st.integers(0, elements - 1), st.sampled_from(_HOSTILE)), max_size=6))
+        for index, value in spots:
+            tensor[index] = value
+    exact = st.tuples(st.integers(0, elements - 1), st.sampled_from(_HOSTILE), st.sampled_from([0.0, math.nan, 1.0]))
+    for index, value, its_bound in draw(st.lists(exact, max_size=4)):  # no error (equal infinities too), any bound
+        actual[index] = expected[index] = value
+        bound[index] = its_bound
+    if draw(st.booleans()):  # ties for the worst, at err / bound exactly 1 or 2 (exact in every dtype)
+        expected[: elements // 2], actual[: elements // 2] = 1.0, 2.0
+        bound[: elements // 2] = draw(st.sampled_from([0.5, 1.0]))
+    if draw(st.booleans()):  # no bound a correct result could meet: -0 and below (err / -0 is -inf)
+        bound.neg_().clamp_(max=0.0).mul_(draw(st.sampled_from([0.0, 1.0])))
+    dtype = draw(st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]))
+    return actual.to(dtype), expected, bound
+
+
+@settings(max_examples=30, deadline=None)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy, in the interpreter
+@given(_verdict_inputs(), st.sampled_from([(1024, 1024), (64, 4), (16, 2)]))
+def test_fused_verdict_is_the_torch_paths(inputs, blocks):
+    """Count, first index of the worst and the worst ratio, bit for bit, over several partials and steps."""
+    from gqa_decode_fuzz.reference import _fused_compare
+    from gqa_decode_fuzz.reference.compare import error_ratio
+
+    actual, expected, bound = inputs
+    _, ratio = error_ratio(actual, expected, bound)
+    worst_ratio, at_worst = ratio.max(dim=0)
+    device = fused_device()
+    got = _fused_compare.verdict(actual.to(device), expected.to(device), bound.to(device), block=blocks[0],
+                                 partials_block=blocks[1]).cpu()
+    expected_verdict = torch.stack([(ratio > 1).sum().double(), at_worst.double(), worst_ratio])
+    assert torch.equal(got.view(torch.int64), expected_verdict.view(torch.int64)), (got, expected_verdict)
