@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import torch
 
+from . import _fused_guard
+
 __all__ = [
     "HOEFFDING_LAMBDA", "SoftmaxTerms", "error_bounds", "factor_columns", "half_ulp_bf16", "near_tie_counts",
 ]
@@ -147,11 +149,31 @@ def _logit_term(coefficients: torch.Tensor, by_group: torch.Tensor, output: torc
     ``padding`` [b, 1, 1, L], ``lengths`` L per sequence. One Triton kernel on CUDA (``_fused_deviation``), which
     never forms |v - o| in memory; the torch path elsewhere.
     """
-    if coefficients.is_cuda:
+    if coefficients.is_cuda and _fused_guard.trusted("the bound's deviation term", coefficients.device,
+                                                     _deviation_agrees):
         from . import _fused_deviation  # Triton, imported on first use: the CPU never needs it
 
         return _fused_deviation.deviation_term(coefficients, by_group, output, lengths)
     return _logit_term_torch(coefficients, by_group, output, padding)
+
+
+def _deviation_agrees(device: torch.device) -> bool:
+    """The fused deviation term against ``_logit_term_torch`` on fixed inputs (``_fused_guard``): an empty
+    sequence, one with a NaN among its values, one over three of the kernel's token splits; ten query heads of two
+    KV heads; 40 dims. Equal NaNs, the rest to float64 rounding of the sums' order."""
+    from . import _fused_deviation
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([0.0, 77.0, 140.0], dtype=torch.float64)
+    padding = torch.arange(140)[None, None, None, :] >= lengths[:, None, None, None]
+    coefficients = torch.rand(3, 2, 10, 140, generator=generator, dtype=torch.float64).masked_fill_(padding, 0.0)
+    values = torch.randn(3, 2, 140, 40, generator=generator, dtype=torch.float64)
+    values.masked_fill_(padding.transpose(2, 3), 0.0)[1, 0, 5, 7] = math.nan
+    output = torch.randn(3, 2, 10, 40, generator=generator, dtype=torch.float64)
+    expected = _logit_term_torch(coefficients, values, output, padding)
+    got = _fused_deviation.deviation_term(*(t.to(device) for t in (coefficients, values, output, lengths))).cpu()
+    return torch.equal(got.isnan(), expected.isnan()) and torch.allclose(
+        got.nan_to_num(), expected.nan_to_num(), rtol=1e-12, atol=0.0)
 
 
 def _logit_term_torch(

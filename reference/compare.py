@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import _fused_guard
 from .oracle import Reference
 
 __all__ = [
@@ -122,14 +123,51 @@ def _verdict(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) 
     """[elements over their bound, flat index of the worst, worst err/bound], float64, on the device: two Triton
     launches for CUDA tensors of one device (``_fused_compare``), else ``error_ratio`` and torch reductions."""
     if (actual.is_cuda and actual.device == expected.device == bound.device and actual.dtype in _FUSED_DTYPES
-            and expected.dtype == bound.dtype == torch.float64 and bound.shape == expected.shape):
+            and expected.dtype == bound.dtype == torch.float64 and bound.shape == expected.shape
+            and _fused_guard.trusted("the comparison's verdict", actual.device, _verdict_agrees)):
         from . import _fused_compare  # Triton, imported on first use: the CPU never needs it
 
         return _fused_compare.verdict(actual, expected, bound)
+    return _verdict_in_torch(actual, expected, bound)
+
+
+def _verdict_in_torch(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
     _, ratio = error_ratio(actual, expected, bound)
     flat = ratio.flatten()
     worst_ratio, at_worst = flat.max(dim=0)  # not flat[flat.argmax()]: a tensor index is read back
     return torch.stack([(flat > 1).sum().double(), at_worst.double(), worst_ratio])
+
+
+def _verdict_agrees(device: torch.device) -> bool:
+    """The fused verdict against the torch path's, bit for bit, on fixed comparisons over three of its blocks
+    (``_fused_guard``): NaN and infinite results, equal infinities, no error against a zero or NaN bound; ties at
+    err/bound exactly 1; bounds of -0 (err / -0 is -inf); each with a bfloat16 and a float32 result."""
+    from . import _fused_compare
+
+    generator = torch.Generator().manual_seed(0)
+    expected = torch.randn(3000, generator=generator, dtype=torch.float64)
+    near = expected + torch.randn(3000, generator=generator, dtype=torch.float64) * 1e-3
+    bound = torch.rand(3000, generator=generator, dtype=torch.float64) + 0.5
+    hostile = near.clone()
+    hostile[[7, 8, 9, 10]] = torch.tensor([math.nan, math.inf, -math.inf, 5.0], dtype=torch.float64)
+    hostile_expected = expected.clone()
+    hostile_expected[8] = math.inf
+    hostile[11] = hostile_expected[11] = 0.75  # no error in either dtype
+    hostile_bound = bound.clone()
+    hostile_bound[[10, 11]] = torch.tensor([math.nan, 0.0], dtype=torch.float64)
+    tied, tied_expected = near.clone(), expected.clone()
+    tied[1000:1400], tied_expected[1000:1400] = 2.0, 1.0
+    tied_bound = bound.clone()
+    tied_bound[1000:1400] = 1.0
+    comparisons = [(hostile, hostile_expected, hostile_bound), (tied, tied_expected, tied_bound),
+                   (near, expected, torch.full_like(bound, -0.0))]
+    for actual, exact, allowed in comparisons:
+        for dtype in (torch.bfloat16, torch.float32):
+            rounded = actual.to(dtype)
+            got = _fused_compare.verdict(rounded.to(device), exact.to(device), allowed.to(device)).cpu()
+            if not torch.equal(got.view(torch.int64), _verdict_in_torch(rounded, exact, allowed).view(torch.int64)):
+                return False
+    return True
 
 
 def compare_all(comparisons: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]],
