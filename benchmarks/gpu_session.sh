@@ -63,7 +63,7 @@
 #                                            # oracle's grouping by length, oracle_groups.py); then the device's busy time per
 #                                            # example (throughput.py launches; NO_LAUNCHES=1 leaves it out); each
 #                                            # failure's case and error in case_files.txt
-#   bash benchmarks/gpu_session.sh oracle    # the oracle's and bound's tests on CUDA, then the device's busy time per
+#   bash benchmarks/gpu_session.sh oracle    # the oracle's, bound's and comparison's tests on CUDA, then the busy time per
 #                                            # example (launches), the stage table and the plain run at RUNS (default
 #                                            # "1500x8"), for BEFORE=dir (an older checkout; its runs BEFORE_RUNS,
 #                                            # default RUNS) first, then this one
@@ -388,7 +388,8 @@ limits)
   ;;
 oracle)
   nvidia-smi -L | tee "$OUT/summary.txt"
-  step oracle_tests 240 "${PYTEST[@]}" tests/test_bound.py tests/test_oracle.py tests/test_prefill_oracle.py \
+  step oracle_tests 240 "${PYTEST[@]}" tests/test_bound.py tests/test_compare.py tests/test_fused_guard.py \
+    tests/test_oracle.py tests/test_prefill_oracle.py \
     tests/test_graphs.py -p no:xdist -q --run-report=none
   measure() {  # measure TAG RUNS: launches, stages and the plain runs of the checkout in the working directory
     step "$1_launches" 200 python3 benchmarks/throughput.py launches --examples 300
