@@ -43,9 +43,3 @@ def _self_check(kernel: str, device: torch.device, agrees: Callable[[torch.devic
     warnings.warn(f"{kernel}: Triton's kernel is not used on {device}, {why}; computed in torch there instead",
                   RuntimeWarning, stacklevel=3)
     return False
-
-
-def forget() -> None:
-    """Ask again at the next use (tests)."""
-    with _lock:
-        _verdicts.clear()
