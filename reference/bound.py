@@ -137,7 +137,7 @@ def near_tie_counts(weights: torch.Tensor, token_error: torch.Tensor) -> torch.T
     return _tie_counts(key, token_error).double()
 
 
-# float64 elements of |v - o| formed at once in _logit_term: 2**25 (256 MiB).
+# float64 elements of |v - o| formed at once by the torch path (_logit_term_torch): 2**25 (256 MiB).
 _DEVIATION_ELEMENTS = 1 << 25
 
 
