@@ -5,8 +5,9 @@ In torch the verdict of one comparison is about twenty launches (the error, its 
 maximum, the count, the stack): with two comparisons an example, 40 of its 105 launches, each a turn on a GPU that
 workers share. Here one launch forms the ratios of a block of elements and reduces them to a partial verdict, and
 one more reduces the partials in order (no atomics: the same verdict every run). The element steps are
-``error_ratio``'s, in float64; ``tests/test_compare.py`` holds the verdict to the
-torch path's, in Triton's interpreter on the CPU and on CUDA. ``compare`` uses it for CUDA tensors only.
+``error_ratio``'s, in float64; ``tests/test_compare.py`` holds the verdict to the torch path's, in Triton's
+interpreter on the CPU and on CUDA, and ``_fused_guard`` checks it on each device before its first use there.
+``compare`` uses it for CUDA tensors only.
 """
 
 from __future__ import annotations

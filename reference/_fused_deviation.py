@@ -5,7 +5,8 @@ slot at 32 query heads, writes it twice (the difference, its absolute value) and
 sum, the maximum): most of the oracle's device time and of its graphs' memory. This kernel keeps each tile of it
 in registers and walks only a sequence's own tokens, not its padding. Same float64 arithmetic, its sums in
 another order; ``tests/test_bound.py`` holds it to the torch path, in Triton's interpreter on the CPU and on CUDA.
-``bound`` uses it for CUDA tensors only: on the CPU the torch path is faster than the interpreter.
+``bound`` uses it for CUDA tensors only (on the CPU the torch path is faster than the interpreter), once
+``_fused_guard`` has checked it on the device.
 """
 
 from __future__ import annotations
