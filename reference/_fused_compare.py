@@ -1,13 +1,13 @@
 """The comparison's verdict in two Triton launches, for CUDA tensors: ``compare.error_ratio`` element by element,
 then how many ratios pass 1, the largest and the first place it occurs.
 
-In torch the verdict of one comparison is about twenty launches (the error, its masks and mappings, the ratio, the
-maximum, the count, the stack): with two comparisons an example, 40 of its 105 launches, each a turn on a GPU that
-workers share. Here one launch forms the ratios of a block of elements and reduces them to a partial verdict, and
-one more reduces the partials in order (no atomics: the same verdict every run). The element steps are
-``error_ratio``'s, in float64; ``tests/test_compare.py`` holds the verdict to the torch path's, in Triton's
-interpreter on the CPU and on CUDA, and ``_fused_guard`` checks it on each device before its first use there.
-``compare`` uses it for CUDA tensors only.
+In torch the verdict of one comparison is a launch per step (the error, its masks and mappings, the ratio, the
+maximum, the count, the stack), each a turn on a GPU that workers share (counts: docs/performance.md). Here one
+launch forms the ratios of a block of elements and reduces them to a partial verdict, and one more reduces the
+partials in order (no atomics: the same verdict every run). The element steps are ``error_ratio``'s, in float64;
+``tests/test_compare.py`` holds the verdict to the torch path's, in Triton's interpreter on the CPU and on CUDA,
+and ``_fused_guard`` checks it on each device before its first use there. ``compare`` uses it for CUDA tensors
+only.
 """
 
 from __future__ import annotations
