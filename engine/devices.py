@@ -18,11 +18,18 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["DEFAULT_MPS_PIPE_DIRECTORY", "MPS_PIPE_ENV", "cuda_device_count", "driver_device_count",
-           "mps_control_pipe", "shared_compute_mode", "sleep_while_waiting", "torch_build"]
+__all__ = ["DEFAULT_MPS_PIPE_DIRECTORY", "MPS_PIPE_ENV", "RELEASE_CACHE_BELOW_FREE", "cuda_device_count",
+           "driver_device_count", "mps_control_pipe", "release_cache_if_short", "shared_compute_mode",
+           "sleep_while_waiting", "torch_build"]
 
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, where the env variable is unset
+
+# A process of the run empties torch's cache after its work on an example when less than this share of its GPU's
+# memory is free: each process's cache grows to its largest examples (and a worker's graphs' pool), and sixteen
+# workers filled an H200, where the suite's own oracle then failed to allocate on ordinary cases; twelve workers
+# with their isolated children filled an 80 GB H100 under huge-pool examples (docs/workers.md).
+RELEASE_CACHE_BELOW_FREE = 0.25
 
 
 def torch_build(version_file: Path | None = None) -> str | None:
@@ -139,3 +146,19 @@ def mps_control_pipe(environ: Mapping[str, str] | None = None) -> Path | None:
     environ = os.environ if environ is None else environ
     pipe = Path(environ.get(MPS_PIPE_ENV) or DEFAULT_MPS_PIPE_DIRECTORY) / "control"
     return pipe if os.path.exists(pipe) else None  # False, not an error, where the directory is unreadable
+
+
+def release_cache_if_short(device, wanted: bool = False) -> bool:
+    """Empty torch's CUDA cache when less than ``RELEASE_CACHE_BELOW_FREE`` of ``device``'s memory is free (the
+    driver's count: no synchronisation, no allocator statistics) or another process ``wanted`` it; whether it did.
+    A lost CUDA context is left for the work's own error to report."""
+    import torch
+
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        if wanted or free < RELEASE_CACHE_BELOW_FREE * total:
+            torch.cuda.empty_cache()
+            return True
+    except RuntimeError:
+        pass
+    return False

@@ -24,6 +24,7 @@ import sys
 import traceback
 from typing import Any
 
+from . import devices
 from .process_end import end_process
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -207,3 +208,6 @@ def _serve(connection, function, device, own_copies: bool) -> None:
         except Exception as error:  # noqa: BLE001 - a result torch cannot send (a view of an odd storage...)
             connection.send(("raised", _describe(TypeError(f"the implementation's result could not be sent to "
                                                             f"the checking process: {error!r}"))))
+        reply = value = None
+        if device.type == "cuda":  # the rule the workers follow: the huge-pool examples of a full GPU need it
+            devices.release_cache_if_short(device)

@@ -35,12 +35,6 @@ WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 __all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "memory_wanted", "pin_this_worker",
            "release_slots", "share_cores", "shares_its_gpu", "visible_gpu_ids", "wanting_memory", "workers_per_gpu"]
 
-# A worker that shares its GPU empties torch's cache after an example when less than this share of the GPU's
-# memory is free: each worker's cache grows to its largest examples (and its graphs' pool), and sixteen of them
-# filled an H200, where the suite's own oracle then failed to allocate on ordinary cases (docs/workers.md).
-RELEASE_CACHE_BELOW_FREE = 0.25
-
-
 @dataclass(frozen=True)
 class Pin:
     """Where one xdist worker runs: a GPU id (as CUDA_VISIBLE_DEVICES names it) and its slot name."""

@@ -387,10 +387,7 @@ class SuiteRun:
         return shared
 
     def _release_cache_if_short(self) -> None:
-        with contextlib.suppress(RuntimeError):  # a lost context: the example's own error is what matters
-            free, total = torch.cuda.mem_get_info(self.state.device)  # the driver's count: no sync, no stats
-            if free < gpus.RELEASE_CACHE_BELOW_FREE * total or gpus.memory_wanted(self.pin):
-                torch.cuda.empty_cache()
+        devices.release_cache_if_short(self.state.device, wanted=gpus.memory_wanted(self.pin))
 
     def in_memory_turn(self, check: Callable, *args) -> object:
         """``check(*args)``, an example's work that needs a large share of the GPU's memory (huge page pools), in

@@ -92,6 +92,36 @@ def test_a_worker_on_a_shared_gpu_empties_its_cache_when_memory_is_short_or_want
     assert not gpus.memory_wanted(run.pin)  # the flag goes with the turn
 
 
+class _OneCall:
+    """A child's end of the pipe that brings one call of ``args`` and then the order to stop."""
+
+    def __init__(self, args: tuple) -> None:
+        from gqa_decode_fuzz.engine.isolated_impl import _ambient  # the parent's settings, as a call carries them
+
+        self.messages, self.sent = [("call", None, args, {}, _ambient()), ("stop",)], []
+
+    def recv(self):
+        return self.messages.pop(0)
+
+    def send(self, reply) -> None:
+        self.sent.append(reply)
+
+
+@pytest.mark.parametrize(("free", "emptied"), [(200, True), (400, False)])
+def test_an_isolated_child_empties_its_cache_after_a_call_when_memory_is_short(monkeypatch, free, emptied):
+    import torch
+
+    from gqa_decode_fuzz.engine import isolation_child
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 1000))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("emptied"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *device: None)
+    connection = _OneCall((21,))
+    isolation_child._serve(connection, lambda value: value * 2, torch.device("cuda"), own_copies=False)
+    assert connection.sent == [("result", 42)] and calls == (["emptied"] if emptied else [])
+
+
 def test_running_out_of_memory_anywhere_in_an_example_on_a_shared_gpu_is_the_runs_limit(monkeypatch, tmp_path):
     import torch
 
