@@ -23,9 +23,11 @@ Every other process (a worker, a run without xdist) does both at configure time.
 from __future__ import annotations
 
 from . import gpus
+from .assert_rewriting import leave_unrewritten
 
 # An xdist worker claims its GPU before anything can initialise CUDA in this process.
 PIN = gpus.pin_this_worker()
+leave_unrewritten("hypothesis")  # before its first import: no assert rewriting of it at every start
 # ruff: noqa: E402  (everything below is imported after the pin, on purpose)
 
 import argparse
