@@ -4,7 +4,8 @@ An xdist controller counts its GPUs (``cuda_device_count``) and a worker sets it
 (``sleep_while_waiting``) before torch is imported; whether the run's CUDA processes join an MPS server is one
 ``stat`` of its control pipe (``mps_control_pipe``), and whether a GPU takes processes beside that server one
 attribute (``shared_compute_mode``). The runner places workers with these (``runner/gpus.py``); the engine starts
-an isolated child outside the server with them.
+an isolated child outside the server with them. Once torch is loaded, a worker after each example and an isolated
+child after each call give their cached memory back when the GPU runs short (``release_cache_if_short``).
 """
 
 from __future__ import annotations
