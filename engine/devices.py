@@ -27,9 +27,8 @@ MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, where the env variable is unset
 
 # A process of the run empties torch's cache after its work on an example when less than this share of its GPU's
-# memory is free: each process's cache grows to its largest examples (and a worker's graphs' pool), and sixteen
-# workers filled an H200, where the suite's own oracle then failed to allocate on ordinary cases; twelve workers
-# with their isolated children filled an 80 GB H100 under huge-pool examples (docs/workers.md).
+# memory is free: each process's cache grows to its largest examples (and a worker's graphs' pool), and together
+# the workers' and their isolated children's caches can leave the suite's own allocations short (docs/workers.md).
 RELEASE_CACHE_BELOW_FREE = 0.25
 
 

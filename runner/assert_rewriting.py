@@ -3,8 +3,8 @@
 pytest rewrites the asserts of every module of a distribution that provides a pytest plugin, Hypothesis's among
 them, and caches the result beside the module only where bytecode is written. Where it is not
 (``PYTHONDONTWRITEBYTECODE=1``, as on the GPU image), every process of every run parses, rewrites and compiles the
-80-odd Hypothesis modules the suite imports: 0.4 s of a start on one CPU process (docs/performance.md), paid by
-each xdist worker and by each ``-x`` run a generation loop makes. Rewriting only improves the messages of
+Hypothesis modules the suite imports, a cost paid by each xdist worker and by each ``-x`` run a generation loop
+makes (measured in docs/performance.md). Rewriting only improves the messages of
 Hypothesis's internal asserts, which the suite never shows; they still run.
 
 Must run before Hypothesis is first imported (``runner/plugin.py`` calls it before its own import of Hypothesis;
