@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing
 
 from . import child_start, examples
+from .arena import Arenas
 from .child_start import Launch, Started
 from .containment import is_sticky_cuda_error
 from .isolation import (
@@ -111,6 +112,8 @@ def _release_shares(shares: list) -> None:
     crashing example would leave its inputs behind (docs/findings.md). Each share has a counter of its own, and a
     block whose counter is at or below zero is freed, so releasing one the child had already released frees nothing
     early."""
+    if not shares:
+        return
     for handle, offset, device in shares:
         with contextlib.suppress(RuntimeError):
             torch.UntypedStorage._release_ipc_counter(handle, offset, device=device)
@@ -226,6 +229,9 @@ class Child:
         self.launch, self.process, self.connection = launch, self.started.process, self.started.connection
         self.log, self.sanitizer_log = self.started.log, self.started.sanitizer_log
         self.unreleased: list = []  # the CUDA shares of the call in flight (``_release_shares``)
+        # The input buffers (``arena``; not for a sanitized child, which copies its inputs into allocations of its
+        # own) and their CUDA shares, which the child holds for its life.
+        self.arenas, self.held = (Arenas() if launch.sanitize is None else None), []
         self.sanitizer_seen = 0  # bytes of the sanitizer's log already read
         kind, said = self._receive(START_TIMEOUT_S + float(os.environ.get(CALL_TIMEOUT_ENV) or BASE_TIMEOUT_S),
                                    "starting")
@@ -246,15 +252,21 @@ class Child:
         """Call the target (bound to ``definition`` where it declares ``for_definition``; None: as loaded) in the
         child; its result, in tensors the parent owns (originals in ``received``). ``args=None`` only binds."""
         copies: dict = {}
-        message = ("call", definition, copied(args, copies, "cpu"), copied(kwargs, copies, "cpu"), _ambient())
+        packed = self.arenas.pack(args, kwargs) if self.arenas is not None else None
+        if packed is None:  # the per-call way: CUDA tensors shared as they are, CPU ones copied to shared memory
+            packed = copied(args, copies, "cpu"), copied(kwargs, copies, "cpu")
         try:
-            self.connection.send_bytes(_dumps(message, self.unreleased))
+            if self.arenas is not None and (buffers := self.arenas.unsent()):
+                self.connection.send_bytes(_dumps(("buffers", buffers), self.held))
+            self.connection.send_bytes(_dumps(("call", definition, *packed, _ambient()), self.unreleased))
         except (BrokenPipeError, ConnectionError, EOFError) as error:
             raise self._died("before the call reached it") from error
         deadline = call_deadline(args or (), kwargs or {}) * (SANITIZED_SLOWDOWN if self.sanitizer_log else 1.0)
         kind, value = self._receive(deadline, "the call")
         self.unreleased.clear()  # the child lets go of the call's inputs before it answers
         copy_back(copies)
+        if self.arenas is not None:
+            self.arenas.copy_back()
         self._check_sanitizer(answered=kind in ("result", "result_on_host"))
         if kind == "result":
             return _owned(value, received)
@@ -333,8 +345,10 @@ class Child:
     def stop(self) -> None:
         """End the process (politely when idle, killed otherwise), release what it held and remove its folder."""
         self.started.stop()
-        if self.unreleased and not self.process.is_alive():
-            _release_shares(self.unreleased)
+        if not self.process.is_alive():  # a child ended by ``end_process`` or a signal released nothing itself
+            self.arenas = None  # the buffers' memory is freed once their counters are released too
+            _release_shares(self.unreleased + self.held)
+            self.unreleased, self.held = [], []
 
 
 def _refusal(description: Any) -> str:

@@ -174,16 +174,23 @@ def _serve(connection, function, device, own_copies: bool) -> None:
     the parent's cached segment, where a read past it is not out of bounds), with its writes copied back."""
     import torch
 
+    from .arena import resolved
+
     bindings: dict = {}
+    buffers: dict = {}  # the parent's input buffers (``arena``), by device
     while True:
         try:
             message = connection.recv()
         except (EOFError, OSError):
             return
+        if message[0] == "buffers":  # new or grown: each replaces the last of its device, which is let go
+            buffers.update(message[1])
+            continue
         if message[0] != "call":
             return
         _, definition, args, kwargs, ambient = message
         del message  # the inputs live in args and kwargs alone, released before the answer: the parent counts on it
+        args, kwargs = resolved(args, buffers), resolved(kwargs, buffers)
         copies: dict = {}
         try:
             bound = _bound(function, definition, bindings)
