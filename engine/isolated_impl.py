@@ -424,6 +424,9 @@ class IsolatedImpl:
             self.for_definition = self._for_definition
         self.share = SanitizerShare(sanitize_every) if launch.sanitize else None
         self._received: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # The last checked results, kept: while they live, their segments of the child's memory stay mapped here,
+        # and the next results, which the child's allocator mostly puts in the same segments, need no new mapping.
+        self._kept: list[torch.Tensor] = []
         self.calls = self.restarts = 0
 
     def _child(self, sanitized: bool) -> Child:
@@ -431,6 +434,7 @@ class IsolatedImpl:
         if child is None or not child.alive:
             if child is not None:
                 self.restarts += 1
+                self._kept = []  # the dead child's memory
             child = Child(self.launch if sanitized else replace(self.launch, sanitize=None))
             self._children[sanitized] = child
         return child
@@ -467,6 +471,8 @@ class IsolatedImpl:
     def check_returned(self) -> None:
         """Every tensor the child returned since the last check still holds what the parent copied on receipt."""
         received, self._received = self._received, []
+        if received:
+            self._kept = [shared for shared, _ in received]
         for shared, copy in received:
             if not _bits_equal(shared, copy):
                 _raise_plainly(ResultChangedAfterReturn(
@@ -489,7 +495,7 @@ class IsolatedImpl:
         for child in self._children.values():
             if child is not None:
                 child.stop()
-        self._received = []
+        self._received, self._kept = [], []
 
 
 def _raise_plainly(failure: ImplementationFailed) -> NoReturn:
