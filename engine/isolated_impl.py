@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing
 
 from . import child_start, examples
-from .arena import Arenas
+from .arena import Arenas, mapped
 from .child_start import Launch, Started
 from .containment import is_sticky_cuda_error
 from .isolation import (
@@ -124,14 +124,12 @@ def _release_shares(shares: list) -> None:
 
 def _owned(value: Any, received: list) -> Any:
     """``value`` with each tensor copied into the parent's own memory (the original kept in ``received``)."""
-    if isinstance(value, torch.Tensor):
-        received.append((value, copy := value.clone()))
+
+    def own(tensor: torch.Tensor) -> torch.Tensor:
+        received.append((tensor, copy := tensor.clone()))
         return copy
-    if isinstance(value, (tuple, list)):
-        return type(value)(_owned(item, received) for item in value)
-    if isinstance(value, dict):
-        return {key: _owned(item, received) for key, item in value.items()}
-    return value
+
+    return mapped(value, own)
 
 
 def _call_device(args: tuple | None, kwargs: dict | None) -> torch.device:
@@ -144,13 +142,7 @@ def _call_device(args: tuple | None, kwargs: dict | None) -> torch.device:
 
 def _to_device(value: Any, device: torch.device) -> Any:
     """``value`` with each tensor moved to ``device`` (tuples, lists and dicts followed)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_device(item, device) for item in value)
-    if isinstance(value, dict):
-        return {key: _to_device(item, device) for key, item in value.items()}
-    return value
+    return mapped(value, lambda tensor: tensor.to(device))
 
 
 _SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

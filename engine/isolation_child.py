@@ -4,7 +4,9 @@ Started by ``isolation.Child`` (torch.multiprocessing, spawn); imports torch and
 (neither pytest nor Hypothesis nor the suite's oracle, bound or comparison). Its vocabulary over the pipe:
 
 - it sends ``("ready", declarations)`` once the target is loaded, or ``("refused", text)``;
-- then, for each ``("call", args, kwargs, ambient)`` it receives, it calls the target, waits for the device
+- ``("buffers", {device: buffer})`` hands it the parent's input buffers (``arena``), new or grown, which it keeps;
+- then, for each ``("call", definition, args, kwargs, ambient)`` it receives (an input either a tensor or an
+  ``arena.ArenaSlot`` in a buffer), it calls the target, waits for the device
   (``torch.cuda.synchronize``: work the call left on a side stream lands before the answer, not after the
   check) and sends ``("result", value)`` or ``("raised", description)``;
 - ``("stop",)`` ends it, as does its parent's death (``PR_SET_PDEATHSIG``, and the pipe's end).
@@ -82,16 +84,18 @@ def _storage_copy(tensor, copies: dict, share: bool):
 def copied(value: Any, copies: dict, device_type: str) -> Any:
     """``value`` (an argument, or a tuple, list or dict of them) with each tensor on ``device_type`` replaced by the
     same view of a copy of its storage (``copies`` maps each storage to its copy, for ``copy_back``). The parent
-    sends CPU inputs so, in shared memory; a sanitized CUDA child makes its own, each an allocation of its own."""
+    sends CPU inputs of a call too large for its buffers (``arena``) so, in shared memory; a sanitized CUDA child
+    makes its own, each an allocation of its own."""
     import torch
 
-    if isinstance(value, torch.Tensor) and value.device.type == device_type and value.layout == torch.strided:
-        return _storage_copy(value, copies, share=device_type == "cpu")
-    if isinstance(value, (tuple, list)):
-        return type(value)(copied(item, copies, device_type) for item in value)
-    if isinstance(value, dict):
-        return {key: copied(item, copies, device_type) for key, item in value.items()}
-    return value
+    from .arena import mapped
+
+    def copy(tensor):
+        if tensor.device.type != device_type or tensor.layout != torch.strided:
+            return tensor
+        return _storage_copy(tensor, copies, share=device_type == "cpu")
+
+    return mapped(value, copy)
 
 
 def copy_back(copies: dict) -> None:
@@ -157,15 +161,9 @@ def _bound(function, definition, bindings: dict):
 
 def _on_host(value):
     """``value`` with each CUDA tensor copied to host memory (tuples, lists and dicts followed)."""
-    import torch
+    from .arena import mapped
 
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_on_host(item) for item in value)
-    if isinstance(value, dict):
-        return {key: _on_host(item) for key, item in value.items()}
-    return value
+    return mapped(value, lambda tensor: tensor.cpu())
 
 
 def _serve(connection, function, device, own_copies: bool) -> None:
