@@ -77,12 +77,16 @@ def _seed(test_id: str, shard: Shard | None, forced_seed: object) -> int:
 
 def shard_settings(own: settings, *, shard: Shard | None, profile_max_examples: int,
                    max_examples: int | None) -> settings:
-    """The settings one shard runs under: its share of the test's examples (rescaled by ``--max-examples``)."""
+    """The settings one shard runs under: its share of the test's examples (rescaled by ``--max-examples``), and
+    the test's explicit examples (``@example``, ``--workloads``' lines) in its first shard only: they are the same
+    in every shard, and some are the costliest examples there are (huge pools, taken in the GPU's memory turn)."""
     wanted = own.max_examples
     if max_examples is not None:
         wanted = max(1, round(own.max_examples * max_examples / max(profile_max_examples, 1)))
     count = shard.count if shard else 1
-    return settings(own, max_examples=max(1, math.ceil(wanted / count)))
+    phases = own.phases if shard is None or shard.index == 0 else tuple(
+        phase for phase in own.phases if phase is not Phase.explicit)
+    return settings(own, max_examples=max(1, math.ceil(wanted / count)), phases=phases)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gqa_decode_fuzz.engine import devices
@@ -342,6 +342,23 @@ def test_derandomized_shards_draw_different_examples_and_the_same_ones_every_run
     first, second = _drawn(Shard(0, 2), True), _drawn(Shard(1, 2), True)
     assert len(first) <= 4 and set(first) != set(second)
     assert _drawn(Shard(0, 2), True) == first
+
+
+def test_explicit_examples_run_in_the_first_shard_only():
+    """They are the same in every shard; the huge pools' would otherwise take the GPU's memory turn once a shard."""
+    seen = []
+
+    @settings(max_examples=4, derandomize=True, database=None)
+    @given(st.integers(0, 10**9))
+    @example(-1)
+    def draws(value):
+        seen.append(value)
+
+    for index in range(3):
+        with shards.sharded(draws, "tests/x.py::draws", shard=Shard(index, 3), profile_max_examples=4,
+                            max_examples=None):
+            draws()
+    assert seen.count(-1) == 1 and seen[0] == -1 and len(seen) > 3
 
 
 def test_sharding_restores_the_tests_own_settings():
