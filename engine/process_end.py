@@ -17,8 +17,8 @@ import sys
 __all__ = ["end_process"]
 
 
-def end_process() -> None:
-    """Wait for the GPU, run the exit handlers, flush the standard streams and end the process with status 0."""
+def end_process(status: int = 0) -> None:
+    """Wait for the GPU, run the exit handlers, flush the standard streams and end the process with ``status``."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         # NVIDIA's MPS guide: a client that ends without synchronising with all its outstanding GPU work can
@@ -34,4 +34,4 @@ def end_process() -> None:
         import ctypes
 
         ctypes.CDLL(None).fflush(None)
-    os._exit(0)
+    os._exit(status)

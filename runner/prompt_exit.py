@@ -1,5 +1,7 @@
-"""An xdist worker ends its process as soon as its pytest session is over, instead of idling until the controller
-tells it to and then tearing its interpreter down.
+"""A pytest process ends as soon as its session is over, instead of tearing its interpreter down: an xdist worker
+without idling until the controller tells it to, and a process that pytest was started as (``python -m pytest``,
+the ``pytest`` script: a run without xdist, such as ``check``'s, or the controller) once its plugins are
+unconfigured.
 
 The xdist controller, at its session's end, waits for every worker process to exit. An ordinary worker exit only
 starts once the controller has heard the last worker finish and sent its ``GATEWAY_TERMINATE``, and then, with
@@ -19,9 +21,16 @@ and unflushed would lose its buffer) and native libraries' exit code (C ``atexit
 CUDA context's destruction: a profiler that writes a worker's trace from there may need
 ``GQA_DECODE_PROMPT_EXIT=0``).
 
-It does not: outside an xdist worker (the controller, a run without xdist, a pytest started inside a test); in a
-worker whose session did not finish (no ``workerfinished`` sent) or whose ``pytest_cmdline_main`` raised; while a
-thread that is not a daemon still runs (the interpreter would wait for it); or with ``GQA_DECODE_PROMPT_EXIT=0``.
+A process that pytest was started as ends the same way, with pytest's exit status, after doing first what
+``pytest.main`` would still do once this hook returns: its plugins' ``pytest_unconfigure`` (the isolated
+children's stop, the MPS server's) and pytest's clean-ups (``Config._ensure_unconfigure``; where this private
+method is gone, the process exits the ordinary way). With torch loaded its teardown took about a second on a GPU
+host, which a caller that waits for the process (``gqa-decode-fuzz check``) waited out.
+
+It does not: in a pytest that a program called (``pytest.main``: ``__main__`` is not pytest) or that a test started
+inside the run (a second configuration in the process); in a worker whose session did not finish (no
+``workerfinished`` sent); where ``pytest_cmdline_main`` raised; while a thread that is not a daemon still runs
+(the interpreter would wait for it); or with ``GQA_DECODE_PROMPT_EXIT=0``.
 
 Every process of the run (controller, workers, a run without xdist) also moves the objects it holds when its test
 loop starts (torch, Triton, Hypothesis and the collected suite: some 200,000) into the garbage collector's permanent
@@ -36,13 +45,18 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from gqa_decode_fuzz.engine.process_end import end_process
 
 PROMPT_EXIT_ENV = "GQA_DECODE_PROMPT_EXIT"  # "0": workers exit the ordinary way
+
+
+_PROGRAM_CONFIG: list[pytest.Config] = []  # the first configuration of this process: the program's own session
 
 
 def ready_to_exit(config: pytest.Config) -> bool:
@@ -53,9 +67,37 @@ def ready_to_exit(config: pytest.Config) -> bool:
         return False
     if "exitstatus" not in getattr(config, "workeroutput", {}):  # set as it sends workerfinished
         return False
+    return not _threads_running()
+
+
+def program_may_exit(config: pytest.Config) -> bool:
+    """Whether this process is one pytest was started as, ``config`` its own session's (not a worker's: see
+    ``ready_to_exit``), and it may end once its plugins are unconfigured."""
+    if os.environ.get(PROMPT_EXIT_ENV, "1") == "0" or hasattr(config, "workerinput"):
+        return False
+    return _PROGRAM_CONFIG[:1] == [config] and started_as_pytest()
+
+
+def started_as_pytest() -> bool:
+    """Whether pytest is this process's program (``python -m pytest``, the ``pytest`` script), not a library that a
+    program called."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name in ("pytest", "pytest.__main__"):
+        return True
+    return bool(sys.argv) and Path(sys.argv[0]).name in ("pytest", "py.test") \
+        and getattr(main, "__file__", None) == sys.argv[0]
+
+
+def _threads_running() -> bool:
     main = threading.main_thread()
-    return not any(thread.is_alive() and not thread.daemon and thread is not main
-                   for thread in threading.enumerate())
+    return any(thread.is_alive() and not thread.daemon and thread is not main for thread in threading.enumerate())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if not _PROGRAM_CONFIG:
+        _PROGRAM_CONFIG.append(config)
 
 
 FROZE = pytest.StashKey[bool]()  # this session moved the process's objects to the permanent generation
@@ -71,8 +113,9 @@ def pytest_runtestloop(session: pytest.Session) -> None:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config):
-    """Outermost around the whole session: once it returns, an xdist worker may end (``ready_to_exit``); any other
-    process gets back the objects this session froze."""
+    """Outermost around the whole session: once it returns, an xdist worker may end (``ready_to_exit``), and so may
+    the process pytest was started as, once unconfigured (``program_may_exit``); any other process gets back the
+    objects this session froze."""
     try:
         status = yield
     except BaseException:
@@ -80,6 +123,10 @@ def pytest_cmdline_main(config: pytest.Config):
         raise
     if ready_to_exit(config):
         end_process()
+    if program_may_exit(config) and callable(getattr(config, "_ensure_unconfigure", None)):
+        config._ensure_unconfigure()  # what pytest.main does after this hook; a second call does nothing
+        if not _threads_running():
+            end_process(int(status))
     _unfreeze(config)
     return status
 

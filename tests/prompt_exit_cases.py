@@ -1,10 +1,11 @@
-"""Three tests run by tests/test_prompt_exit.py under xdist, in a pytest of its own (not collected here).
+"""Three tests run by tests/test_prompt_exit.py, in a pytest of its own (not collected here).
 
 Each worker appends to the file ``PROMPT_EXIT_LOG`` names a line "WHAT WORKER" when its exit handlers run ("exit
 handlers"), when this module's object is finalised ("finalised": the interpreter's own teardown), whether the
 garbage collector had frozen objects during the first test ("frozen True"), and, with ``PROMPT_EXIT_LATE_THREAD=1``,
 when a thread that is not a daemon, started by the last test, ends ("thread done"). With
-``PROMPT_EXIT_UNRAISABLE=1`` the second test leaves a reference cycle whose ``__del__`` raises, and collects it.
+``PROMPT_EXIT_UNRAISABLE=1`` the second test leaves a reference cycle whose ``__del__`` raises, and collects it;
+with ``PROMPT_EXIT_FAIL=1`` it fails.
 """
 
 import atexit
@@ -45,6 +46,7 @@ def test_one():
 
 
 def test_two():
+    assert os.environ.get("PROMPT_EXIT_FAIL") != "1", "failing as asked"
     if os.environ.get("PROMPT_EXIT_UNRAISABLE") == "1":
         _RaisesWhenCollected()
         gc.collect()

@@ -1,6 +1,7 @@
-"""An xdist worker ends its process once its session is over (runner/prompt_exit.py): its exit
-handlers and buffered output are kept, the interpreter's teardown is skipped, and only where that is safe. Each
-process freezes what it holds for its tests (gc.freeze) and gives it back before an ordinary exit."""
+"""An xdist worker, and the process pytest was started as, end once their session is over (runner/prompt_exit.py):
+exit handlers, buffered output and the exit status are kept, the interpreter's teardown is skipped, and only where
+that is safe. Each process freezes what it holds for its tests (gc.freeze) and gives it back before an ordinary
+exit."""
 
 from __future__ import annotations
 
@@ -153,3 +154,34 @@ def test_a_worker_waits_for_its_running_thread_and_exits_the_ordinary_way(tmp_pa
     assert f"finalised {late}" in lines and f"finalised {other}" not in lines, lines
     assert sorted(line for line in lines if line.startswith("exit handlers")) == [
         "exit handlers gw0", "exit handlers gw1"]
+
+
+def _run_without_xdist(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    log = tmp_path / "exit.log"
+    result = run_pytest(CASES, "-n", "0", *OPTIONS, env=clean_environment(PROMPT_EXIT_LOG=str(log), **env))
+    lines = log.read_text(encoding="utf-8").splitlines()
+    return result, [line for line in lines if not line.startswith("frozen")]
+
+
+@pytest.mark.parametrize(("fail", "status"), [("0", 0), ("1", 1)], ids=["passing", "failing"])
+def test_the_process_pytest_was_started_as_exits_promptly_with_its_status(tmp_path, fail, status):
+    result, lines = _run_without_xdist(tmp_path, PROMPT_EXIT_FAIL=fail)
+    assert result.returncode == status, result.stdout + result.stderr
+    assert ("1 failed, 2 passed" if status else "3 passed") in result.stdout, result.stdout
+    assert lines == ["exit handlers main"], lines  # its handlers ran, nothing was finalised
+
+
+def test_the_process_pytest_was_started_as_exits_the_ordinary_way_when_turned_off(tmp_path):
+    result, lines = _run_without_xdist(tmp_path, **{prompt_exit.PROMPT_EXIT_ENV: "0"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lines == ["exit handlers main", "finalised main"], lines
+
+
+def test_a_program_that_calls_pytest_is_not_ended_by_it():
+    code = ("import pytest\n"
+            "from gqa_decode_fuzz.runner import prompt_exit\n"
+            "print('started as pytest', prompt_exit.started_as_pytest())\n"
+            f"status = pytest.main(['-p', 'no:cacheprovider', '-q', '-n', '0', {CASES!r}, *{OPTIONS!r}])\n"
+            "print('status', int(status))\n")
+    result = _python(code, PROMPT_EXIT_LOG="/dev/null")
+    assert "started as pytest False" in result.stdout and "status 0" in result.stdout, result.stdout + result.stderr
