@@ -604,7 +604,7 @@ class SuiteRun:
         """The xdist controller's first property started on a worker: warm the run report's plotting up in a
         thread, while the controller idles, rather than after the last test (``run_report.warm_up``)."""
         if (self.report_warm_up is None and self.is_controller and self.state.report_dir is not None
-                and shards.in_suite(self.config.rootpath / location[0])):
+                and self.picture and shards.in_suite(self.config.rootpath / location[0])):
             self.report_warm_up = threading.Thread(target=run_report.warm_up, name="gqa-decode-report-warm-up",
                                                    daemon=True)
             self.report_warm_up.start()
@@ -651,7 +651,12 @@ class SuiteRun:
             self._save_report(directory, picture=False)  # drawn once, below: a second or more per drawing
         self.causes = self._find_causes(failures) if failures else None
         if writable:
-            self._save_report(directory)
+            self._save_report(directory, picture=self.picture)
+
+    @property
+    def picture(self) -> bool:
+        """Whether the run report draws summary.png (``--report-picture``)."""
+        return self.config.option.report_picture == "on"
 
     def _save_report(self, directory: Path, picture: bool = True) -> None:
         """report.md and its files as they stand (the verdicts; the root causes once probed); summary.png too

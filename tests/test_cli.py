@@ -160,4 +160,6 @@ def test_first_failure_stops_the_suite_at_the_first_failing_property(tmp_path, o
     check.add_arguments(parser)
     args = parser.parse_args(["tests/impls/wrong_kv_head.py:run", *options])
     args.passthrough = []
-    assert ("-x" in check._pytest_command(args, args.target, tmp_path)) == stops_at_first
+    command = check._pytest_command(args, args.target, tmp_path)
+    assert ("-x" in command) == stops_at_first
+    assert ("--report-picture=off" in command) == stops_at_first  # the fastest verdict draws no summary.png

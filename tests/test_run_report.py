@@ -259,6 +259,20 @@ def test_the_verdicts_are_written_before_the_probes_start(tmp_path):
     assert "## 1 distinct failure" in report.read_text(), report.read_text()
 
 
+@pytest.mark.parametrize("picture", ["on", "off"])
+def test_report_picture_off_leaves_summary_png_out_and_the_rest_in(tmp_path, picture):
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed")
+    env = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "f"), GQA_DECODE_REPORT_DIR=str(tmp_path / "r"))
+    result = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound", "-n", "0",
+                        "--isolation=off", "--impl=tests/impls/wrong_kv_head.py:run", "--max-examples=5",
+                        f"--report-picture={picture}", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (directory,) = (tmp_path / "r").iterdir()
+    assert {"report.md", "report.json", "run.json", "causes.json"} <= {path.name for path in directory.iterdir()}
+    assert (directory / "summary.png").is_file() == (picture == "on")
+
+
 def test_a_family_sized_run_draws_its_failures_first_and_lists_every_property(tmp_path, monkeypatch):
     """Over ``MAX_DRAWN`` properties (a family run has over a thousand) the strip draws the first ``MAX_DRAWN``,
     failures first, and says how many more report.md lists."""
