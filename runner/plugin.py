@@ -135,7 +135,7 @@ _OPTIONS = (
      "where the run report goes, one folder per run; 'none' for no report"),
     ("--report-picture", "GQA_DECODE_REPORT_PICTURE", "on", str, ("on", "off"), None,
      "on: the run report includes summary.png; off: report.md and report.json only, a second or so sooner "
-     "(check --first-failure's; gqa-decode-fuzz merge draws it later)"),
+     "(check --first-failure's; gqa-decode-fuzz merge-reports DIR draws it later)"),
     ("--workloads", "GQA_DECODE_WORKLOADS", None, str, None, "FILE.jsonl",
      "FlashInfer-Bench workloads (flashinfer-trace JSONL) of the definition under test: each becomes an "
      "explicit example of the central property"),
