@@ -31,14 +31,14 @@ DEVICE_TYPES = ("cpu", "cuda")
 __all__ = ["ALIGN", "LIMIT_BYTES", "ArenaSlot", "Arenas", "mapped"]
 
 
-def mapped(value: Any, function) -> Any:
-    """``value`` with ``function`` applied to each tensor in it (tuples, lists and dicts followed)."""
-    if isinstance(value, torch.Tensor):
+def mapped(value: Any, function, kind: type = torch.Tensor) -> Any:
+    """``value`` with ``function`` applied to each ``kind`` (a tensor) in it (tuples, lists and dicts followed)."""
+    if isinstance(value, kind):
         return function(value)
     if isinstance(value, (tuple, list)):
-        return type(value)(mapped(item, function) for item in value)
+        return type(value)(mapped(item, function, kind) for item in value)
     if isinstance(value, dict):
-        return {key: mapped(item, function) for key, item in value.items()}
+        return {key: mapped(item, function, kind) for key, item in value.items()}
     return value
 
 
@@ -52,24 +52,20 @@ class ArenaSlot:
     size: tuple[int, ...]
     stride: tuple[int, ...]
     storage_offset: int
+    requires_grad: bool = False
 
     def view(self, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
         """The tensor in the child's mapping of the buffers (``buffers``: device -> uint8 buffer)."""
         buffer = buffers[self.device]
         start = self.offset // torch.empty((), dtype=self.dtype).element_size()
         tensor = torch.empty((0,), dtype=self.dtype, device=buffer.device)
-        return tensor.set_(buffer.untyped_storage(), start + self.storage_offset, self.size, self.stride)
+        tensor.set_(buffer.untyped_storage(), start + self.storage_offset, self.size, self.stride)
+        return tensor.requires_grad_() if self.requires_grad else tensor
 
 
 def resolved(value: Any, buffers: dict[str, torch.Tensor]) -> Any:
     """``value`` (a call's args or kwargs) with each ``ArenaSlot`` replaced by its tensor; the child's side."""
-    if isinstance(value, ArenaSlot):
-        return value.view(buffers)
-    if isinstance(value, (tuple, list)):
-        return type(value)(resolved(item, buffers) for item in value)
-    if isinstance(value, dict):
-        return {key: resolved(item, buffers) for key, item in value.items()}
-    return value
+    return mapped(value, lambda slot: slot.view(buffers), ArenaSlot)
 
 
 def _aligned(nbytes: int) -> int:
@@ -130,7 +126,7 @@ class Arenas:
             device = str(tensor.device)
             offset = offsets[(device, tensor.untyped_storage().data_ptr())]
             return ArenaSlot(device, offset, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
-                             tensor.storage_offset())
+                             tensor.storage_offset(), tensor.requires_grad)
 
         return mapped(args, slot), mapped(kwargs, slot)
 

@@ -42,6 +42,9 @@ def test_the_child_sees_each_view_as_passed_and_shared_storages_stay_shared(devi
     assert seen_args[0].untyped_storage().data_ptr() == seen_args[1].untyped_storage().data_ptr()
     seen_args[1][1] = 1000.0  # base[5], which the shared view also holds
     assert seen_args[0][0, 2] == 1000.0
+    assert not seen_args[0].requires_grad
+    leaf = torch.ones(3, device=device, requires_grad=True)
+    assert resolved(arenas.pack((leaf,), {})[0], arenas.buffers)[0].requires_grad
 
 
 @pytest.mark.parametrize("device", DEVICES)
