@@ -315,6 +315,17 @@ def _tests_rate(run: dict) -> float:
     return run["examples"] / run["tests_wall_s"] if run["tests_wall_s"] else float("nan")
 
 
+def _worker_time_line(run: dict, steady: dict) -> str:
+    """A worker's milliseconds per example three ways, each containing the last: its share of the tests' wall
+    (between items too: pytest's and xdist's own work), its items' own time (``busy``: within items, between
+    examples too: Hypothesis's engine, shrinking, first examples) and the timed examples' mean."""
+    busy = (run["stages_ms_per_example"] or {}).get("busy_ms_per_example")
+    wall = 1e3 * run["workers"] * run["tests_wall_s"] / run["examples"] if run["tests_wall_s"] and run["examples"] \
+        else float("nan")
+    return (f"a worker's ms per example: {wall:.2f} of the tests' wall, {busy or float('nan'):.2f} inside items, "
+            f"{steady['total']['mean']:.2f} the timed examples' mean ({steady['total']['median']:.2f} median)")
+
+
 def run_scaling(options) -> dict:
     gpu_counts = [int(g) for g in options.gpus.split(",")]
     root = Path(options.out or tempfile.mkdtemp(prefix="gqa-scaling-")) / "scaling"
@@ -346,6 +357,7 @@ def run_scaling(options) -> dict:
             print(f"stages of the last run, one worker, medians over {steady['total']['count']} timed examples: "
                   + ", ".join(f"{name} {steady[name]['median']:.3f} ms ({100 * steady[name]['share']:.0f}%)"
                               for name in (*stages.COLUMNS, "total")))
+            print(_worker_time_line(run, steady))
     return {"profile": options.profile, "max_examples": options.max_examples,
             "workers_per_gpu": options.workers_per_gpu, "runs": runs}
 
