@@ -68,6 +68,13 @@ def resolved(value: Any, buffers: dict[str, torch.Tensor]) -> Any:
     return mapped(value, lambda slot: slot.view(buffers), ArenaSlot)
 
 
+def _plain(tensor: torch.Tensor) -> bool:
+    """Whether a buffer's bytes and a view's shape, strides and dtype are all of ``tensor``: not sparse, nested or
+    quantized, no conjugate or negative bit, on the CPU or a CUDA device."""
+    return (tensor.layout == torch.strided and tensor.device.type in DEVICE_TYPES and not tensor.is_nested
+            and not tensor.is_quantized and not tensor.is_conj() and not tensor.is_neg())
+
+
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
@@ -97,7 +104,7 @@ class Arenas:
 
         def place(tensor: torch.Tensor) -> torch.Tensor:
             nonlocal fits
-            if tensor.layout != torch.strided or tensor.device.type not in DEVICE_TYPES:
+            if not _plain(tensor):
                 fits = False
                 return tensor
             storage = tensor.untyped_storage()

@@ -58,10 +58,11 @@ def test_writes_into_the_buffer_reach_the_originals_only_at_copy_back(device):
     assert torch.equal(args[0], torch.full((4, 8), -1.0, device=device)) and args[1][0] == 0.0
 
 
-def test_a_call_over_the_limit_or_with_another_kind_of_tensor_goes_the_per_call_way():
+def test_a_call_over_the_limit_or_with_a_tensor_no_view_describes_goes_the_per_call_way():
     arenas = Arenas(limit_bytes=4096)
     assert arenas.pack((torch.zeros(2048),), {}) is None  # 8 KiB
     assert arenas.pack((torch.zeros(4).to_sparse(),), {}) is None
+    assert arenas.pack((torch.zeros(4, dtype=torch.complex64).conj(),), {}) is None  # a bit no view carries
     assert arenas.pack((torch.zeros(1024),), {}) is not None and arenas.unsent()
 
 
