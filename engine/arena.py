@@ -28,7 +28,7 @@ FIRST_BYTES = 16 << 20
 LIMIT_BYTES = 512 << 20  # per device: twelve workers' children map 6 GiB of a GPU at most
 DEVICE_TYPES = ("cpu", "cuda")
 
-__all__ = ["ALIGN", "LIMIT_BYTES", "ArenaSlot", "Arenas", "mapped"]
+__all__ = ["ALIGN", "LIMIT_BYTES", "ArenaSlot", "Arenas", "bytes_of", "mapped", "resolved"]
 
 
 def mapped(value: Any, function, kind: type = torch.Tensor) -> Any:
@@ -79,7 +79,8 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+def bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """``storage`` as a uint8 tensor over all of it."""
     return torch.empty((0,), dtype=torch.uint8, device=storage.device).set_(storage)
 
 
@@ -102,7 +103,7 @@ class Arenas:
         storages: dict[tuple[str, int], torch.UntypedStorage] = {}
         totals: dict[str, int] = {}
 
-        def place(tensor: torch.Tensor) -> torch.Tensor:
+        def place(tensor: torch.Tensor) -> ArenaSlot | torch.Tensor:
             nonlocal fits
             if not _plain(tensor):
                 fits = False
@@ -112,38 +113,31 @@ class Arenas:
             if key not in offsets:
                 offsets[key], storages[key] = totals.get(device, 0), storage
                 totals[device] = offsets[key] + _aligned(storage.nbytes())
-            return tensor
+            return ArenaSlot(device, offsets[key], tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
+                             tensor.storage_offset(), tensor.requires_grad)
 
         fits = True
-        mapped((args, kwargs), place)
+        packed = mapped((args, kwargs), place)
         if not fits or any(total > self.limit_bytes for total in totals.values()):
             return None
         for device, total in totals.items():
             self._reserve(device, total)
         for key, storage in storages.items():
-            original = _bytes_of(storage)
+            original = bytes_of(storage)
             region = self.buffers[key[0]][offsets[key]:offsets[key] + storage.nbytes()]
             region.copy_(original)
             self._copies.append((original, region))
         for device in totals:
             if device.startswith("cuda"):  # the child reads them from another process: they must have landed
                 torch.cuda.current_stream(torch.device(device)).synchronize()
-
-        def slot(tensor: torch.Tensor) -> ArenaSlot:
-            device = str(tensor.device)
-            offset = offsets[(device, tensor.untyped_storage().data_ptr())]
-            return ArenaSlot(device, offset, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
-                             tensor.storage_offset(), tensor.requires_grad)
-
-        return mapped(args, slot), mapped(kwargs, slot)
+        return packed
 
     def _reserve(self, device: str, nbytes: int) -> None:
         """A buffer of at least ``nbytes`` on ``device``: a new one, twice as large, when the old one is short."""
         buffer = self.buffers.get(device)
         if buffer is not None and buffer.numel() >= nbytes:
             return
-        size = max(nbytes, FIRST_BYTES, 2 * (buffer.numel() if buffer is not None else 0))
-        size = min(_aligned(size), max(self.limit_bytes, _aligned(nbytes)))
+        size = min(max(nbytes, FIRST_BYTES, 2 * (buffer.numel() if buffer is not None else 0)), self.limit_bytes)
         buffer = torch.empty(size, dtype=torch.uint8, device=device)
         self.buffers[device] = buffer.share_memory_() if buffer.device.type == "cpu" else buffer
         self._unsent.add(device)
