@@ -332,9 +332,10 @@ def run_scaling(options) -> dict:
     per_gpu = options.workers_per_gpu.split(",")
     if options.warmup:  # compile the kernel into every worker's Triton cache first
         _suite_run(max(gpu_counts), options, root / "warmup", 2, per_gpu[0])
+    # Repeats go round the whole list, so that each configuration's runs are interleaved with the others'.
     runs = [_suite_run(gpus, options, root, options.max_examples, workers, mps, shards)
-            for gpus in gpu_counts for workers in per_gpu for mps in options.mps.split(",")
-            for shards in options.shards.split(",") for _ in range(options.repeat)]
+            for _ in range(options.repeat) for gpus in gpu_counts for workers in per_gpu
+            for mps in options.mps.split(",") for shards in options.shards.split(",")]
     base = runs[0]["examples_per_second"] or 1.0
     per_property = options.max_examples if options.max_examples is not None else "the profile's"
     print(f"{options.profile} profile, {per_property} examples per property, -n auto on the first N GPUs, "

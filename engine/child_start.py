@@ -34,12 +34,16 @@ PRINT_LIMIT = 10**9  # compute-sanitizer's --print-limit: errors it prints befor
 @dataclass(frozen=True)
 class Launch:
     """What a child needs: the ``--impl`` spec and the root its relative path resolves against, the device
-    choice, and a sanitizer tool (None: plain). Definitions travel with the calls (``IsolatedImpl.for_definition``)."""
+    choice, a sanitizer tool (None: plain), and whether a plain CUDA child joins its parent's MPS server
+    (``--mps=all``: its kernels then run beside the other processes' instead of in turns, and its fault reaches
+    them all) or starts outside it (the default: its fault is its own). Definitions travel with the calls
+    (``IsolatedImpl.for_definition``)."""
 
     spec: str
     root: Path
     device: str
     sanitize: str | None = None
+    inside_mps: bool = False
 
 
 @dataclass
@@ -94,7 +98,10 @@ def start(launch: Launch) -> Started:
 def _outside_mps(launch: Launch, directory: Path) -> dict[str, str]:
     """The environment that starts a CUDA child outside the run's MPS server, where the GPUs allow processes beside
     one: under MPS one process's fault reaches every process on its GPU, its parent's checker among them.
-    Time-sliced, the child's fault is its own, an ordinary failure of its call. Empty elsewhere."""
+    Time-sliced, the child's fault is its own, an ordinary failure of its call. Empty elsewhere, and where the
+    launch asks in (a sanitized child never does: it keeps a context of its own, as it always had)."""
+    if launch.inside_mps and launch.sanitize is None:
+        return {}
     if launch.device == "cpu" or devices.mps_control_pipe() is None or not _shared_compute_mode():
         return {}
     outside = directory / "outside-mps"  # no control pipe in it: the driver gives the child a context of its own

@@ -519,11 +519,11 @@ def load_isolated_target(launch: Launch, sanitize_every: int = SANITIZE_EVERY,
 
 def load_target_for(spec: str, root: Path, device_type: str, definition: Definition | None = None, *, isolated: bool,
                     sanitize: str | None = None, sanitize_every: int = SANITIZE_EVERY,
-                    started: Started | None = None) -> Target:
+                    started: Started | None = None, inside_mps: bool = False) -> Target:
     """The ``Target`` of ``spec`` as the suite and the replay load it: imported here, or (``isolated``) in a child
-    process (``load_isolated_target``; ``started``: its plain child, already spawned), a Solution file read here
-    and its code run in the child only. ``definition``: the one asked for, if any (a Solution file for another is
-    refused)."""
+    process (``load_isolated_target``; ``started``: its plain child, already spawned; ``inside_mps``: see
+    ``Launch``), a Solution file read here and its code run in the child only. ``definition``: the one asked for,
+    if any (a Solution file for another is refused)."""
     if not isolated:
         return load_target(spec, root=root, definition=definition)
     solution = None
@@ -534,5 +534,6 @@ def load_target_for(spec: str, root: Path, device_type: str, definition: Definit
             if started is not None:
                 started.stop()
             raise
-    target = load_isolated_target(Launch(spec, root, device_type, sanitize=sanitize), sanitize_every, started)
+    launch = Launch(spec, root, device_type, sanitize=sanitize, inside_mps=inside_mps)
+    target = load_isolated_target(launch, sanitize_every, started)
     return replace(target, solution=solution, definition=definition) if solution else target

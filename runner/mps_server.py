@@ -20,6 +20,9 @@ default) before it starts them:
   (SIGTERM from a CI job's time limit, SIGKILL) leaves it running, so each start first quits and
   removes the servers whose runs are gone (``sweep``: an ``owner`` file names the run's process).
 
+An isolated implementation's children stay outside it, so that a child's fault is its own, unless ``--mps=all``
+asks them in: faster where many children share a GPU, at the price of a child's fault crashing its neighbours.
+
 No MPS is started where one already runs (its control pipe exists: the workers join that one), with
 ``--mps=off``, without workers sharing a GPU, on MIG instances, or without ``nvidia-cuda-mps-control``.
 """
@@ -42,7 +45,7 @@ CONTROL = "nvidia-cuda-mps-control"
 PREFIX = "gqa-decode-mps-"  # the temporary folder of each run's server
 OWNER = "owner"  # in that folder: the process id of the run that started it
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
-MODES = ("auto", "off")
+MODES = ("auto", "all", "off")  # all: the isolated children join it too (child_start)
 PROBE_TIMEOUT_S = 30.0  # the first client of a daemon starts its server
 QUIT_TIMEOUT_S = 30.0  # the server waits for its clients to end; the run's have
 SWEEP_TIMEOUT_S = 5.0  # a left-over server's clients died with their run

@@ -121,8 +121,9 @@ _OPTIONS = (
      "xdist workers per visible GPU under -n auto; auto: two cores per worker, at most 8 (the measured knee)"),
     ("--mps", "GQA_DECODE_MPS", "auto", str, mps_server.MODES, None,
      "auto: workers that share a GPU run side by side under an MPS server of the run's own (faster; one "
-     "process's GPU fault then reaches its neighbours, and crashes are replayed alone after the run); off: "
-     "they take turns on it"),
+     "process's GPU fault then reaches its neighbours, and crashes are replayed alone after the run), an "
+     "isolated implementation's children outside it; all: the children inside it too (faster on a shared GPU; "
+     "a child's fault then crashes its neighbours); off: they take turns on it"),
     ("--shards", "GQA_DECODE_SHARDS", "auto", count_or_auto, None, "N",
      "split each property into N items with a share of the examples each; auto: one per xdist worker"),
     ("--max-examples", "GQA_DECODE_MAX_EXAMPLES", None, positive_int, None, "N",
@@ -218,7 +219,7 @@ def _run_plan(config: pytest.Config) -> RunPlan:
             device = device_type(option.device)
     except (DeviceError, ImplSpecError) as error:
         raise pytest.UsageError(str(error)) from None
-    child = child_start.start(child_start.Launch(option.impl, config.rootpath, device)) if (
+    child = child_start.start(_launch(option, config.rootpath, device)) if (
         isolated and not controller) else None
     # The controller names the run and its workers inherit the name; a worker then drops it, so that a
     # pytest it starts (tests/ does) is a run of its own.
@@ -247,6 +248,11 @@ def _run_plan(config: pytest.Config) -> RunPlan:
     )
 
 
+def _launch(option: argparse.Namespace, root: Path, device: str) -> child_start.Launch:
+    """The plain child this process starts before it imports torch (``load_target_for`` takes it over)."""
+    return child_start.Launch(option.impl, root, device, inside_mps=option.mps == "all")
+
+
 def _deadline(budget_s: int | None, worker: str | None) -> float | None:
     """When the run's --time-budget ends (``time.time()``): its controller's, for an xdist worker, so that every
     process stops starting tests at the same moment."""
@@ -272,7 +278,8 @@ def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, def
 
     option = config.option
     return load_target_for(plan.spec, config.rootpath, device.type, definition, isolated=plan.isolated,
-                           sanitize=option.sanitize, sanitize_every=option.sanitize_every, started=plan.child)
+                           sanitize=option.sanitize, sanitize_every=option.sanitize_every, started=plan.child,
+                           inside_mps=option.mps == "all")
 
 
 def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_server.Server | None, str | None]:
@@ -418,6 +425,10 @@ def pytest_testnodedown(node, error: object | None) -> None:
                             "fault reaches them all: the workers that replace crashed ones run time-sliced")
 
 
+CHILDREN_INSIDE_MPS = ("gqa-decode: --mps=all: the isolated implementation's children run inside the MPS server too, "
+                       "so its GPU fault crashes the workers beside it (--mps=auto keeps each child's fault its own)")
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     plan = config.stash[PLAN]
     run = config.stash.get(RUN, None)
@@ -428,6 +439,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             "gqa-decode: " + isolation.mode_line(plan.isolated, config.option.isolation, config.option.sanitize),
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
+            *([CHILDREN_INSIDE_MPS] if pipe and plan.isolated and config.option.mps == "all" else []),
             *([f"gqa-decode: time budget {config.option.time_budget} s: no test starts after it, the rest are "
                "reported as not started"] if plan.deadline else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]

@@ -140,3 +140,32 @@ def test_replays_are_bounded_and_need_a_case_file(tmp_path):
     assert late.status == mps.UNCONFIRMED and "had 0 s in all" in late.detail
     with pytest.raises(ValueError, match="lanes"):
         mps.replay_crashes(crashes, device="cpu", root=tmp_path, lanes=[])
+
+
+@pytest.mark.parametrize(("inside_mps", "sanitize", "joins"), [
+    (False, None, False),  # the default: the child's fault stays its own
+    (True, None, True),  # --mps=all: beside the workers in the server
+    (True, "memcheck", False),  # a sanitized child keeps a context of its own
+])
+def test_an_isolated_child_joins_the_server_only_when_asked(tmp_path, monkeypatch, inside_mps, sanitize, joins):
+    from gqa_decode_fuzz.engine import child_start
+
+    monkeypatch.setenv(devices.MPS_PIPE_ENV, str(_mps_directory(tmp_path)))
+    monkeypatch.setattr(child_start, "_shared_compute_mode", lambda: True)
+    launch = child_start.Launch("tests/impls/torch_float32.py:run", tmp_path, "cuda", sanitize=sanitize,
+                                inside_mps=inside_mps)
+    env = child_start._outside_mps(launch, tmp_path)
+    assert (env == {}) == joins  # an empty change: the child inherits its parent's pipe
+    if not joins:
+        assert devices.mps_control_pipe(env) is None  # a folder with no pipe: a context of its own
+
+
+def test_the_header_says_when_the_children_run_inside_the_server(tmp_path):
+    from gqa_decode_fuzz.runner.plugin import CHILDREN_INSIDE_MPS
+
+    env = clean_environment(CUDA_MPS_PIPE_DIRECTORY=str(_mps_directory(tmp_path)), GQA_DECODE_REPORT_DIR="none")
+    for mode, said in (("all", True), ("auto", False)):
+        result = run_pytest("properties/test_decode.py", "--impl=tests/impls/torch_float32.py:run", "--device=cpu",
+                            f"--mps={mode}", "--collect-only", "-p", "no:xdist", env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert (CHILDREN_INSIDE_MPS in result.stdout) == said, result.stdout
