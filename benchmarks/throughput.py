@@ -71,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 from gqa_decode_fuzz.engine.target import DEFAULT_IMPL  # noqa: E402 - after the path; imports no torch
 from gqa_decode_fuzz.generation import stages  # noqa: E402 - imports neither torch nor triton
+from gqa_decode_fuzz.runner import gpus as gpu_slots  # noqa: E402 - imports neither torch nor triton
 
 STAGES = ("generation", *stages.STAGES)
 
@@ -286,7 +287,13 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
     report = run.pop("report")
     return {"gpus": gpus, **run, "examples_per_second_per_gpu": run["examples_per_second"] / gpus,
             "stages_ms_per_example": report.get("throughput", {}).get("stages_ms_per_example"),
-            "workers": sum(g.get("workers", 0) for g in report.get("gpus", {}).values()), "mps": mps, "shards": shards}
+            "workers": gpus * _per_gpu(workers_per_gpu, gpus), "mps": mps, "shards": shards}
+
+
+def _per_gpu(option: str, gpus: int) -> int:
+    """Workers per GPU as the run resolves ``--workers-per-gpu`` (its report counts only the workers that sent it a
+    part: one whose shards drew no example sends none)."""
+    return gpu_slots.workers_per_gpu(option if option == "auto" else int(option), gpus)
 
 
 def _pytest_run(command: list[str], env: dict[str, str], report_dir: Path) -> dict:

@@ -118,7 +118,8 @@ _OPTIONS = (
     ("--case-sizes", "GQA_DECODE_CASE_SIZES", None, str, tuple(profiles.CASE_SIZES), None,
      "size limits of generated cases; default small on cpu, large on cuda"),
     ("--workers-per-gpu", gpus.WORKERS_PER_GPU_ENV, "auto", count_or_auto, None, "N",
-     "xdist workers per visible GPU under -n auto; auto: two cores per worker, at most 8 (the measured knee)"),
+     "xdist workers per visible GPU under -n auto; auto: three workers for four cores, at most "
+     f"{gpus.MEASURED_KNEE} (the measured knee)"),
     ("--mps", "GQA_DECODE_MPS", "auto", str, mps_server.MODES, None,
      "auto: workers that share a GPU run side by side under an MPS server of the run's own (faster; one "
      "process's GPU fault then reaches its neighbours, and crashes are replayed alone after the run), an "
