@@ -291,8 +291,8 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
 
 
 def _per_gpu(option: str, gpus: int) -> int:
-    """Workers per GPU as the run resolves ``--workers-per-gpu`` (its report counts only the workers that sent it a
-    part: one whose shards drew no example sends none)."""
+    """Workers per GPU as the run resolves ``--workers-per-gpu``; the report's count of the workers that sent it a
+    part once read 7 for 8."""
     return gpu_slots.workers_per_gpu(option if option == "auto" else int(option), gpus)
 
 
