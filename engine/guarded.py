@@ -32,7 +32,7 @@ def _rows_without_keys(definition: Definition, args: tuple, kwargs: dict) -> tor
     bound = dict(zip(names, args)) | {name: kwargs[name] for name in names if name in kwargs}
     kv_bounds = bound["kv_indptr"].tolist()
     if not definition.prefill:
-        return torch.tensor([end == start for start, end in zip(kv_bounds, kv_bounds[1:])])
+        return torch.tensor([end == start for start, end in zip(kv_bounds, kv_bounds[1:])], dtype=torch.bool)
     if not definition.page_size:  # ragged: kv_indptr counts tokens
         kv_lens = [end - start for start, end in zip(kv_bounds, kv_bounds[1:])]
     else:

@@ -82,3 +82,15 @@ def test_the_waiver_leaves_rows_that_see_a_key_as_they_are(name):
     inputs, (output, lse) = _called(name, frozenset({"empty_sequences"}), wrong_seen_row=True)
     with pytest.raises(AssertionError):
         assert_within_bound(output, lse, oracle_of(inputs), context=name)
+
+
+@pytest.mark.parametrize(("name", "case"), [
+    ("gqa_paged_decode_h32_kv4_d128_ps1", DecodeCase(lengths=())),
+    ("gqa_paged_prefill_causal_h32_kv4_d128_ps1", PrefillCase(q_lens=(), kv_lens=())),
+])
+def test_the_waiver_passes_a_batch_of_no_sequences_through(name, case, monkeypatch):
+    # A batch of none has no row to mend: the waiver once built its row mask as a float tensor there and raised.
+    monkeypatch.setitem(CASES, name, (case, 0))
+    inputs, (output, lse) = _called(name, frozenset({"empty_sequences"}))
+    assert output.shape[0] == lse.shape[0] == 0
+    assert_within_bound(output, lse, oracle_of(inputs), context=name)
