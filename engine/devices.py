@@ -154,9 +154,12 @@ def release_cache_if_short(device, wanted: bool = False) -> bool:
     A lost CUDA context is left for the work's own error to report."""
     import torch
 
+    from gqa_decode_fuzz.reference import graphs
+
     try:
         free, total = torch.cuda.mem_get_info(device)
         if wanted or free < RELEASE_CACHE_BELOW_FREE * total:
+            graphs.release_all()  # the oracle's captures hold the most, and are made again at need
             torch.cuda.empty_cache()
             return True
     except RuntimeError:

@@ -9,6 +9,11 @@ replay; the outputs are the graph's too, overwritten by its next replay.
 
 ``GQA_DECODE_ORACLE_GRAPHS=0`` runs everything eagerly instead (same code, same answers
 for the same shapes): for a GPU or driver where capture fails, and for measuring.
+
+The captures' memory stays theirs until they are forgotten, and a run over many definitions meets many
+shapes: twelve workers over the decode family filled a 140 GB H200 with them (one worker held 25 GiB).
+So a cache forgets its captures on a device once they have taken ``POOL_SHARE`` of its memory, and every
+cache forgets its captures when the GPU runs short (``release_all``, which ``engine.devices`` calls).
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 import torch
 
-__all__ = ["ENABLED_ENV", "Captured", "GraphCache", "graphs_enabled"]
+__all__ = ["ENABLED_ENV", "POOL_SHARE", "Captured", "GraphCache", "graphs_enabled", "release_all"]
 
 ENABLED_ENV = "GQA_DECODE_ORACLE_GRAPHS"
+POOL_SHARE = 1 / 32  # of a device's memory, that one process's captures may take there before they are forgotten
+_CACHES: weakref.WeakSet[GraphCache] = weakref.WeakSet()
 
 Inputs = TypeVar("Inputs", bound=tuple)
 Outputs = TypeVar("Outputs", bound=tuple)
@@ -85,7 +93,9 @@ class GraphCache(Generic[Inputs, Outputs]):
         self._captured: dict[Hashable, Captured[Inputs, Outputs] | None] = {}  # None: capturing failed
         self._pools: dict[torch.device, object] = {}
         self._warm: set[torch.device] = set()  # devices with a capture made: their operations are initialised
+        self._held: dict[torch.device, int] = {}  # bytes the captures on a device added to torch's reserve
         self._lock = threading.Lock()
+        _CACHES.add(self)
 
     def get(self, device: torch.device, key: Hashable,
             make_inputs: Callable[[], Inputs]) -> Captured[Inputs, Outputs] | None:
@@ -99,11 +109,14 @@ class GraphCache(Generic[Inputs, Outputs]):
             full_key = (device, key)
             if full_key not in self._captured:
                 with torch.cuda.device(device):
+                    if self._held.get(device, 0) >= POOL_SHARE * torch.cuda.get_device_properties(device).total_memory:
+                        self._forget(device)
                     self._captured[full_key] = self._capture(device, key, make_inputs)
             return self._captured[full_key]
 
     def _capture(self, device: torch.device, key: Hashable, make_inputs: Callable[[], Inputs]):
         pool = self._pools.setdefault(device, torch.cuda.graph_pool_handle())
+        before = torch.cuda.memory_reserved(device)
         try:
             captured = Captured(self.function, make_inputs(), pool, warm_up=device not in self._warm)
             self._warm.add(device)
@@ -113,6 +126,16 @@ class GraphCache(Generic[Inputs, Outputs]):
             warnings.warn(f"{ENABLED_ENV}: capturing {key} on {device} failed, computed eagerly instead: {error}",
                           RuntimeWarning, stacklevel=4)
             return None
+        finally:
+            self._held[device] = self._held.get(device, 0) + max(0, torch.cuda.memory_reserved(device) - before)
+
+    def _forget(self, device: torch.device) -> None:
+        """Drop ``device``'s captures and their pool (the lock held); torch's allocator gets their memory back."""
+        for full_key in [full_key for full_key in self._captured if full_key[0] == device]:
+            del self._captured[full_key]
+        self._pools.pop(device, None)
+        self._held.pop(device, None)
+        torch.cuda.empty_cache()  # to the driver, for the processes sharing the GPU
 
     def clear(self) -> None:
         """Forget every capture (their memory returns to torch's allocator once unreferenced)."""
@@ -120,6 +143,14 @@ class GraphCache(Generic[Inputs, Outputs]):
             self._captured.clear()
             self._pools.clear()
             self._warm.clear()
+            self._held.clear()
 
     def __len__(self) -> int:
         return len(self._captured)
+
+
+def release_all() -> None:
+    """Forget the captures of every cache in this process, so that their memory can go back to the driver: for a
+    GPU that runs short, before torch's cache is emptied. The next examples capture their shapes again."""
+    for cache in list(_CACHES):
+        cache.clear()

@@ -2,23 +2,32 @@
 holds the replays to the eager computation there)."""
 
 import contextlib
+import types
 
 import pytest
 import torch
 
 from gqa_decode_fuzz.reference import graphs
 
+GIB = 1 << 30
+TOTAL = 128 * GIB  # the stand-in device's memory: POOL_SHARE of it is 4 GiB
+
 
 class _Capture:
-    """Stands in for ``graphs.Captured``: records each capture; ``fail`` makes capturing raise."""
+    """Stands in for ``graphs.Captured``: records each capture and adds ``size`` bytes to torch's reserve;
+    ``fail`` makes capturing raise."""
 
     made: list = []
     fail = False
+    size = 0
+    reserved = 0
+    emptied = 0
 
     def __init__(self, function, inputs, pool, *, warm_up):
         if _Capture.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
         _Capture.made.append(warm_up)
+        _Capture.reserved += _Capture.size
         self.inputs = inputs
 
 
@@ -28,7 +37,10 @@ def cache(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 1))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    _Capture.made, _Capture.fail = [], False
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: _Capture.reserved)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=TOTAL))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: setattr(_Capture, "emptied", _Capture.emptied + 1))
+    _Capture.made, _Capture.fail, _Capture.size, _Capture.reserved, _Capture.emptied = [], False, 0, 0, 0
     return graphs.GraphCache(lambda inputs: inputs)
 
 
@@ -67,3 +79,32 @@ def test_graphs_are_for_cuda_and_can_be_turned_off(monkeypatch):
     assert graphs.graphs_enabled(torch.device("cuda", 0))
     monkeypatch.setenv(graphs.ENABLED_ENV, "0")
     assert not graphs.graphs_enabled(torch.device("cuda", 0))
+
+
+def test_captures_that_hold_their_share_of_the_device_are_forgotten_before_the_next(cache):
+    gpu, other = torch.device("cuda", 0), torch.device("cuda", 1)
+    _Capture.size = GIB
+    first = cache.get(gpu, (1, 16), tuple)
+    for slots in (32, 48, 64):  # four captures of 1 GiB: POOL_SHARE of 128 GiB
+        cache.get(gpu, (1, slots), tuple)
+    cache.get(other, (1, 16), tuple)
+    assert len(cache) == 5 and _Capture.emptied == 0
+    cache.get(gpu, (2, 16), tuple)  # the fifth on cuda:0: its four earlier ones go first, cuda:1's stay
+    assert len(cache) == 2 and _Capture.emptied == 1
+    assert cache.get(gpu, (1, 16), tuple) is not first  # captured again at need
+    assert _Capture.made == [True, False, False, False, True, False, False]  # no second warm-up
+
+
+def test_every_cache_forgets_its_captures_when_the_gpu_runs_short(cache, monkeypatch):
+    from gqa_decode_fuzz.engine import devices
+
+    gpu = torch.device("cuda", 0)
+    cache.get(gpu, (1, 16), tuple)
+    free = [TOTAL // 2]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], TOTAL))
+    assert not devices.release_cache_if_short(gpu) and len(cache) == 1  # half free: kept
+    free[0] = TOTAL // 8
+    assert devices.release_cache_if_short(gpu) and len(cache) == 0
+    cache.get(gpu, (1, 16), tuple)
+    graphs.release_all()
+    assert len(cache) == 0
