@@ -19,7 +19,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["DEFAULT_MPS_PIPE_DIRECTORY", "MPS_PIPE_ENV", "RELEASE_CACHE_BELOW_FREE", "cuda_device_count",
+__all__ = ["DEFAULT_MPS_PIPE_DIRECTORY", "MPS_PIPE_ENV", "RELEASE_CACHE_BELOW_FREE", "RELEASE_GRAPHS_BELOW_FREE",
+           "cuda_device_count",
            "driver_device_count", "mps_control_pipe", "release_cache_if_short", "shared_compute_mode",
            "sleep_while_waiting", "torch_build"]
 
@@ -30,6 +31,9 @@ DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, whe
 # memory is free: each process's cache grows to its largest examples (and a worker's graphs' pool), and together
 # the workers' and their isolated children's caches can leave the suite's own allocations short (docs/workers.md).
 RELEASE_CACHE_BELOW_FREE = 0.25
+# Below this share it also forgets the oracle's captured graphs, which are in use and cost a capture each to make
+# again: only when the GPU is nearly full (or another process waits for memory), not at every example of a busy one.
+RELEASE_GRAPHS_BELOW_FREE = 0.10
 
 
 def torch_build(version_file: Path | None = None) -> str | None:
@@ -150,7 +154,8 @@ def mps_control_pipe(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def release_cache_if_short(device, wanted: bool = False) -> bool:
     """Empty torch's CUDA cache when less than ``RELEASE_CACHE_BELOW_FREE`` of ``device``'s memory is free (the
-    driver's count: no synchronisation, no allocator statistics) or another process ``wanted`` it; whether it did.
+    driver's count: no synchronisation, no allocator statistics) or another process ``wanted`` it, first forgetting
+    the oracle's graphs where less than ``RELEASE_GRAPHS_BELOW_FREE`` is free or it was wanted; whether it emptied.
     A lost CUDA context is left for the work's own error to report."""
     import torch
 
@@ -159,7 +164,8 @@ def release_cache_if_short(device, wanted: bool = False) -> bool:
     try:
         free, total = torch.cuda.mem_get_info(device)
         if wanted or free < RELEASE_CACHE_BELOW_FREE * total:
-            graphs.release_all()  # the oracle's captures hold the most, and are made again at need
+            if wanted or free < RELEASE_GRAPHS_BELOW_FREE * total:
+                graphs.release_all()  # the oracle's captures can hold the most, and are made again at need
             torch.cuda.empty_cache()
             return True
     except RuntimeError:

@@ -13,7 +13,7 @@ for the same shapes): for a GPU or driver where capture fails, and for measuring
 The captures' memory stays theirs until they are forgotten, and a run over many definitions meets many
 shapes: twelve workers over the decode family filled a 140 GB H200 with them (one worker held 25 GiB).
 So a cache forgets its captures on a device once they have taken ``POOL_SHARE`` of its memory, and every
-cache forgets its captures when the GPU runs short (``release_all``, which ``engine.devices`` calls).
+cache forgets its captures when the GPU is nearly full (``release_all``, which ``engine.devices`` calls).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 __all__ = ["ENABLED_ENV", "POOL_SHARE", "Captured", "GraphCache", "graphs_enabled", "release_all"]
 
 ENABLED_ENV = "GQA_DECODE_ORACLE_GRAPHS"
-POOL_SHARE = 1 / 32  # of a device's memory, that one process's captures may take there before they are forgotten
+POOL_SHARE = 1 / 16  # of a device's memory, that one process's captures may take there before they are forgotten
 _CACHES: weakref.WeakSet[GraphCache] = weakref.WeakSet()
 
 Inputs = TypeVar("Inputs", bound=tuple)
