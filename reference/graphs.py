@@ -30,7 +30,7 @@ import torch
 __all__ = ["ENABLED_ENV", "POOL_SHARE", "Captured", "GraphCache", "graphs_enabled", "release_all"]
 
 ENABLED_ENV = "GQA_DECODE_ORACLE_GRAPHS"
-POOL_SHARE = 1 / 16  # of a device's memory, that one process's captures may take there before they are forgotten
+POOL_SHARE = 1 / 32  # of a device's memory, that one process's captures may take there before they are forgotten
 _CACHES: weakref.WeakSet[GraphCache] = weakref.WeakSet()
 
 Inputs = TypeVar("Inputs", bound=tuple)

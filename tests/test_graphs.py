@@ -10,7 +10,7 @@ import torch
 from gqa_decode_fuzz.reference import graphs
 
 GIB = 1 << 30
-TOTAL = 64 * GIB  # the stand-in device's memory: POOL_SHARE of it is 4 GiB
+TOTAL = 128 * GIB  # the stand-in device's memory: POOL_SHARE of it is 4 GiB
 
 
 class _Capture:
