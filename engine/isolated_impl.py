@@ -405,12 +405,17 @@ class SanitizerShare:
 class IsolatedImpl:
     """The callable the properties call in place of the implementation: each call runs in a child (``Child``),
     started at construction (for the target's declarations; ``started``: the plain child, already spawned) and
-    again after one dies."""
+    again after one dies.
+
+    A target whose child has died once is likely to kill the next ones too (shrinking a crash replays it again and
+    again), and each fresh child spends about a second importing torch and the target. So from a first death on,
+    a standby child is spawned beside each replacement, and the next replacement takes it, already started."""
 
     def __init__(self, launch: Launch, sanitize_every: int = SANITIZE_EVERY, started: Started | None = None) -> None:
         self.launch = launch
         self.__name__ = self.__qualname__ = f"isolated {launch.spec}"
         self._children: dict[bool, Child | None] = {False: Child(replace(launch, sanitize=None), started), True: None}
+        self._standby: dict[bool, Started] = {}  # by sanitized: a child spawned for the next replacement
         self.declarations = self._children[False].declarations
         if self.declarations.get("serves_several"):  # what ``Target.serves_several`` looks for
             self.for_definition = self._for_definition
@@ -424,10 +429,14 @@ class IsolatedImpl:
     def _child(self, sanitized: bool) -> Child:
         child = self._children[sanitized]
         if child is None or not child.alive:
+            launch = self.launch if sanitized else replace(self.launch, sanitize=None)
+            started = None
             if child is not None:
                 self.restarts += 1
                 self._kept = []  # the dead child's memory
-            child = Child(self.launch if sanitized else replace(self.launch, sanitize=None))
+                started = self._standby.pop(sanitized, None) or child_start.start(launch)
+                self._standby[sanitized] = child_start.start(launch)  # importing while its predecessor serves
+            child = Child(launch, started)
             self._children[sanitized] = child
         return child
 
@@ -483,10 +492,13 @@ class IsolatedImpl:
         return checked
 
     def close(self) -> None:
-        """Stop the children."""
+        """Stop the children, standbys included."""
         for child in self._children.values():
             if child is not None:
                 child.stop()
+        for started in self._standby.values():
+            started.stop()
+        self._standby.clear()
         self._received, self._kept = [], []
 
 

@@ -18,7 +18,7 @@ import torch
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.engine import isolation
-from gqa_decode_fuzz.engine.isolated_impl import Child, Launch, _loads, _reraised
+from gqa_decode_fuzz.engine.isolated_impl import Child, IsolatedImpl, Launch, _loads, _reraised
 from gqa_decode_fuzz.engine.target import in_definition_order
 from gqa_decode_fuzz.generation.cases import DecodeCase, build, definitions
 from gqa_decode_fuzz.properties import claims
@@ -265,3 +265,25 @@ def test_a_layout_refused_as_test_layouts_allows_leaves_other_claims_undecided()
 
 def _refuses_everything(*args, **kwargs):
     raise ValueError("q: refused")
+
+
+def test_after_a_death_each_replacement_child_was_started_beside_its_predecessor():
+    """A target that killed one child will likely kill the next (a shrink replays its crash): from the first death
+    on, a standby child imports torch and the target while the replacement serves, and the next death takes it."""
+    impl = IsolatedImpl(Launch("tests/impls/process_faults.py:exits", ROOT, "cpu"))
+    faulting = build(DecodeCase(lengths=(3, 3)), observe=False).arguments()
+    try:
+        assert not impl._standby  # a clean run pays for no second process
+        with pytest.raises(isolation.ImplementationCrashed, match="exit status 3"):
+            impl(*faulting)
+        with pytest.raises(isolation.ImplementationCrashed, match="exit status 3"):
+            impl(*faulting)  # served by a replacement, started as the first standby was spawned
+        standby = impl._standby[False]
+        with pytest.raises(isolation.ImplementationCrashed, match="exit status 3"):
+            impl(*faulting)
+        assert impl._children[False].process is standby.process and impl.restarts == 2
+        next_standby = impl._standby[False]
+        assert next_standby.process.is_alive()
+    finally:
+        impl.close()
+    assert not next_standby.process.is_alive() and not impl._standby  # closing stops the standby too
