@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["DEFAULT_MPS_PIPE_DIRECTORY", "MPS_PIPE_ENV", "RELEASE_CACHE_BELOW_FREE", "RELEASE_GRAPHS_BELOW_FREE",
-           "cuda_device_count",
-           "driver_device_count", "mps_control_pipe", "release_cache_if_short", "shared_compute_mode",
-           "sleep_while_waiting", "torch_build"]
+           "cuda_device_count", "driver_device_count", "mps_control_pipe", "release_cache_if_short",
+           "shared_compute_mode", "sleep_while_waiting", "torch_build"]
 
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, where the env variable is unset

@@ -137,6 +137,12 @@ class GraphCache(Generic[Inputs, Outputs]):
         self._held.pop(device, None)
         torch.cuda.empty_cache()  # to the driver, for the processes sharing the GPU
 
+    def forget_all(self) -> None:
+        """Forget the captures on every device, their memory back to the driver; the next ones need no warm-up."""
+        with self._lock:
+            for device in list(self._pools):
+                self._forget(device)
+
     def clear(self) -> None:
         """Forget every capture (their memory returns to torch's allocator once unreferenced)."""
         with self._lock:
@@ -153,4 +159,4 @@ def release_all() -> None:
     """Forget the captures of every cache in this process, so that their memory can go back to the driver: for a
     GPU that runs short, before torch's cache is emptied. The next examples capture their shapes again."""
     for cache in list(_CACHES):
-        cache.clear()
+        cache.forget_all()

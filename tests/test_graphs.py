@@ -112,3 +112,5 @@ def test_every_cache_forgets_its_captures_when_the_gpu_runs_short(cache, monkeyp
     cache.get(gpu, (1, 16), tuple)
     graphs.release_all()
     assert len(cache) == 0
+    cache.get(gpu, (1, 16), tuple)
+    assert _Capture.made == [True, False, False, False]  # forgotten, not cold: one warm-up in all
