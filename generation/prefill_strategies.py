@@ -18,7 +18,7 @@ from hypothesis.errors import InvalidArgument
 from .cases import DEFAULT_PAGE_LAYOUTS, DEFAULT_REGIMES, PAGE_LAYOUTS, POOL_FILLS, VALUE_REGIMES, active_definition
 from .prefill_cases import PrefillCase
 from .sizes import SizeLimits
-from .strategies import _check_choices, scales, sequence_lengths
+from .strategies import SharedFields, _check_choices, draw_shared, sequence_lengths
 
 __all__ = ["LENGTH_SHAPES", "prefill_cases", "query_and_key_lengths", "query_block_edges"]
 
@@ -110,15 +110,8 @@ def prefill_cases(
                                     group=group)
         return st.lists(one, min_size=min_batch, max_size=limits.max_prefill_batch)
 
-    return _draw_case(_PrefillFields(
-        pairs=pairs_for,
-        page_layout=st.sampled_from(page_layouts),
-        spare_pages=st.integers(0, limits.max_spare_pages),
-        pool_fill=st.sampled_from(pool_fills),
-        scale=scales() if sm_scales is None else sm_scales,
-        values=st.sampled_from(values),
-        seed=st.integers(0, 2**32 - 1),
-    ))
+    shared = SharedFields.of(page_layouts, pool_fills, values, sm_scales, 0, limits.max_spare_pages)
+    return _draw_case(_PrefillFields(pairs=pairs_for, shared=shared))
 
 
 @dataclass(frozen=True)
@@ -126,12 +119,7 @@ class _PrefillFields:
     """One strategy per descriptor field, built once (``pairs`` by page size and group)."""
 
     pairs: object  # (page_size, group) -> strategy of [(q_len, kv_len)]
-    page_layout: st.SearchStrategy[str]
-    spare_pages: st.SearchStrategy[int]
-    pool_fill: st.SearchStrategy[str]
-    scale: st.SearchStrategy[float | None]
-    values: st.SearchStrategy[str]
-    seed: st.SearchStrategy[int]
+    shared: SharedFields
 
 
 @st.composite
@@ -143,11 +131,6 @@ def _draw_case(draw, fields: _PrefillFields) -> PrefillCase:
     return PrefillCase(
         q_lens=tuple(q for q, _ in pairs),
         kv_lens=tuple(kv for _, kv in pairs),
-        page_layout=draw(fields.page_layout),
-        spare_pages=draw(fields.spare_pages),
-        pool_fill=draw(fields.pool_fill),
-        scale=draw(fields.scale),
-        values=draw(fields.values),
-        seed=draw(fields.seed),
+        **draw_shared(draw, fields.shared),
         definition=definition.name,
     )

@@ -150,12 +150,7 @@ def decode_cases(
     fields = _CaseFields(
         lengths=lengths_for,
         min_empty=min_empty,
-        page_layout=st.sampled_from(page_layouts),
-        spare_pages=st.integers(min_spare_pages, limits.max_spare_pages),
-        pool_fill=st.sampled_from(pool_fills),
-        scale=scales() if sm_scales is None else sm_scales,
-        values=st.sampled_from(values),
-        seed=st.integers(0, 2**32 - 1),
+        shared=SharedFields.of(page_layouts, pool_fills, values, sm_scales, min_spare_pages, limits.max_spare_pages),
         q_layout=st.sampled_from(q_layouts),
         kv_layout=st.sampled_from(kv_layouts),
         index_layout=st.sampled_from(index_layouts),
@@ -164,17 +159,40 @@ def decode_cases(
 
 
 @dataclass(frozen=True)
-class _CaseFields:
-    """One strategy per descriptor field (``min_empty``: how many sequences are forced empty)."""
+class SharedFields:
+    """One strategy per descriptor field that decode and prefill cases share, drawn in this order (``draw_shared``)."""
 
-    lengths: Callable[[int], st.SearchStrategy[list[int]]]  # by page size
-    min_empty: int
     page_layout: st.SearchStrategy[str]
     spare_pages: st.SearchStrategy[int]
     pool_fill: st.SearchStrategy[str]
     scale: st.SearchStrategy[float | None]
     values: st.SearchStrategy[str]
     seed: st.SearchStrategy[int]
+
+    @classmethod
+    def of(cls, page_layouts: tuple[str, ...], pool_fills: tuple[str, ...], values: tuple[str, ...],
+           sm_scales: st.SearchStrategy[float | None] | None, min_spare_pages: int, max_spare_pages: int,
+           ) -> SharedFields:
+        """The strategies for the given choices (``sm_scales`` None: ``scales()``)."""
+        return cls(page_layout=st.sampled_from(page_layouts), spare_pages=st.integers(min_spare_pages, max_spare_pages),
+                   pool_fill=st.sampled_from(pool_fills), scale=scales() if sm_scales is None else sm_scales,
+                   values=st.sampled_from(values), seed=st.integers(0, 2**32 - 1))
+
+
+def draw_shared(draw: Callable, fields: SharedFields) -> dict[str, object]:
+    """The shared descriptor fields of one case, drawn (inside an ``st.composite``'s ``draw``) in their order."""
+    return {"page_layout": draw(fields.page_layout), "spare_pages": draw(fields.spare_pages),
+            "pool_fill": draw(fields.pool_fill), "scale": draw(fields.scale), "values": draw(fields.values),
+            "seed": draw(fields.seed)}
+
+
+@dataclass(frozen=True)
+class _CaseFields:
+    """One strategy per descriptor field (``min_empty``: how many sequences are forced empty)."""
+
+    lengths: Callable[[int], st.SearchStrategy[list[int]]]  # by page size
+    min_empty: int
+    shared: SharedFields
     q_layout: st.SearchStrategy[str]
     kv_layout: st.SearchStrategy[str]
     index_layout: st.SearchStrategy[str]
@@ -189,12 +207,7 @@ def _draw_case(draw, fields: _CaseFields) -> DecodeCase:
         lengths = [0 if i in empty else n for i, n in enumerate(lengths)]
     return DecodeCase(
         lengths=tuple(lengths),
-        page_layout=draw(fields.page_layout),
-        spare_pages=draw(fields.spare_pages),
-        pool_fill=draw(fields.pool_fill),
-        scale=draw(fields.scale),
-        values=draw(fields.values),
-        seed=draw(fields.seed),
+        **draw_shared(draw, fields.shared),
         q_layout=draw(fields.q_layout),
         kv_layout=draw(fields.kv_layout),
         index_layout=draw(fields.index_layout),
