@@ -32,7 +32,9 @@ time, summed over the workers, is what bounds examples/s.
 (``--max-examples``), once on the first GPU and once on the first two
 (``CUDA_VISIBLE_DEVICES`` with ``-n auto``, ``--workers-per-gpu`` as given, default
 ``auto``), and prints examples/s per GPU and the ratio, counting the whole pytest
-process and counting the tests alone (first test to last, without the start-up).
+process and counting the tests alone (first test to last, without the start-up). After the last
+run's stage table it prints a worker's ms per example three ways and the properties that took most
+of the items' time (seconds, examples, ms per example): where the slow examples' tail lies.
 Targets (issue 12): 500 examples/s per H200 with the plain ``-n auto
 --hypothesis-profile=gpu``, 1.9x on two. Both modes print a table and, with ``--out``,
 write it as JSON. ``scaling`` measures whatever GPU sharing the machine has: time-sliced
@@ -305,6 +307,8 @@ def _pytest_run(command: list[str], env: dict[str, str], report_dir: Path) -> di
     wall = time.perf_counter() - start
     reports = sorted(report_dir.glob("*/run.json"))
     report = json.loads(reports[-1].read_text()) if reports else {}
+    merged = reports[-1].with_name("report.json") if reports else None
+    properties = json.loads(merged.read_text()) if merged is not None and merged.is_file() else {}
     throughput = report.get("throughput", {})
     examples = throughput.get("examples", 0)
     lines = result.stdout.splitlines()
@@ -314,7 +318,9 @@ def _pytest_run(command: list[str], env: dict[str, str], report_dir: Path) -> di
     tail = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
     return {"exit": result.returncode, "summary": tail[0], "failures": failures[:12] + raised[:8], "wall_s": wall,
             "examples": examples, "examples_per_second": examples / wall if wall else 0.0,
-            "tests_wall_s": throughput.get("wall"), "report": report}
+            "tests_wall_s": throughput.get("wall"), "report": report,
+            "properties": {name: {"seconds": entry.get("seconds", 0.0), "examples": entry.get("examples", 0)}
+                           for name, entry in properties.items() if isinstance(entry, dict)}}
 
 
 def _tests_rate(run: dict) -> float:
@@ -331,6 +337,19 @@ def _worker_time_line(run: dict, steady: dict) -> str:
         else float("nan")
     return (f"a worker's ms per example: {wall:.2f} of the tests' wall, {busy or float('nan'):.2f} inside items, "
             f"{steady['total']['mean']:.2f} the timed examples' mean ({steady['total']['median']:.2f} median)")
+
+
+def _slowest_properties(run: dict, count: int = 6) -> list[str]:
+    """The properties that took most of the items' time in ``run`` (their shards' seconds summed over workers):
+    where the tail of slow examples lies, which a median per stage does not show."""
+    spent = sorted(run["properties"].items(), key=lambda item: -item[1]["seconds"])
+    total = sum(entry["seconds"] for _, entry in spent) or float("nan")
+    lines = [f"the items' {total:.1f} s by property, the {min(count, len(spent))} slowest:"]
+    for name, entry in spent[:count]:
+        per_example = 1e3 * entry["seconds"] / entry["examples"] if entry["examples"] else float("nan")
+        lines.append(f"  {100 * entry['seconds'] / total:5.1f}%  {entry['seconds']:7.2f} s  {entry['examples']:>6} ex  "
+                     f"{per_example:8.2f} ms/ex  {name[:110]}")
+    return lines
 
 
 def run_scaling(options) -> dict:
@@ -366,6 +385,7 @@ def run_scaling(options) -> dict:
                   + ", ".join(f"{name} {steady[name]['median']:.3f} ms ({100 * steady[name]['share']:.0f}%)"
                               for name in (*stages.COLUMNS, "total")))
             print(_worker_time_line(run, steady))
+        print(*_slowest_properties(run), sep="\n")
     return {"profile": options.profile, "max_examples": options.max_examples,
             "workers_per_gpu": options.workers_per_gpu, "runs": runs}
 
