@@ -20,34 +20,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tomllib
-
 ROOT = Path(__file__).resolve().parent.parent
 PROPERTY = "properties/test_decode.py::test_output_and_lse_within_error_bound"
 
 
-def _namespace(checkout: Path, into: Path) -> Path:
-    """A folder that maps ``gqa_decode_fuzz`` onto ``checkout``'s packages, as pyproject's package-dir does, to put
-    first on ``PYTHONPATH``: an installed checkout (an editable install of this one) would be imported otherwise."""
-    with open(checkout / "pyproject.toml", "rb") as file:
-        packages = tomllib.load(file)["tool"]["setuptools"]["package-dir"]
-    (into / "gqa_decode_fuzz").mkdir(parents=True)
-    for name, folder in packages.items():
-        if name.startswith("gqa_decode_fuzz."):
-            (into / "gqa_decode_fuzz" / name.split(".", 1)[1]).symlink_to(checkout / folder)
-    return into
-
-
 def _run(checkout: Path, impl: str, device: str, max_examples: int) -> tuple[float, int | None, str]:
     """One run in ``checkout``: pytest's seconds, the child restarts, and its last line."""
-    with tempfile.TemporaryDirectory(prefix="gqa-crash-shrink-") as scratch:
-        failures = Path(scratch) / "failures"
+    with tempfile.TemporaryDirectory(prefix="gqa-crash-shrink-") as failures:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GQA_DECODE_", "PYTEST_"))}
-        env["PYTHONPATH"] = os.pathsep.join([str(_namespace(checkout, Path(scratch) / "ns")),
-                                             *filter(None, [env.get("PYTHONPATH")])])
-        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", PROPERTY,
-                   "--hypothesis-profile=ci", f"--max-examples={max_examples}", f"--impl={impl}",
-                   f"--device={device}", "--run-report=none", f"--failures-dir={failures}"]
+        # the checkout's own packages, not an installed checkout's: this checkout's namespace.sh, run there
+        command = ["bash", "-c", f'. "{ROOT}/benchmarks/namespace.sh" && exec "$0" "$@"', sys.executable,
+                   "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", PROPERTY, "--hypothesis-profile=ci",
+                   f"--max-examples={max_examples}", f"--impl={impl}", f"--device={device}", "--run-report=none",
+                   f"--failures-dir={failures}"]
         result = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True)
     seconds = re.search(r" in ([\d.]+)s", result.stdout)
     restarts = re.search(r"(\d+) child restarts", result.stdout)
