@@ -45,7 +45,7 @@ CONTROL = "nvidia-cuda-mps-control"
 PREFIX = "gqa-decode-mps-"  # the temporary folder of each run's server
 OWNER = "owner"  # in that folder: the process id of the run that started it
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
-MODES = ("auto", "all", "off")  # all: the isolated children join it too (child_start)
+MODES = ("auto", "all", "off")  # all: the isolated children join it too (``children_inside``)
 PROBE_TIMEOUT_S = 30.0  # the first client of a daemon starts its server
 QUIT_TIMEOUT_S = 30.0  # the server waits for its clients to end; the run's have
 SWEEP_TIMEOUT_S = 5.0  # a left-over server's clients died with their run
@@ -69,7 +69,7 @@ for ordinal in range(count.value):
     step("cuMemFree", cuda.cuMemFree_v2(memory))
 """
 
-__all__ = ["CONTROL", "LOG_ENV", "MODES", "Server", "probe", "start", "sweep", "why_not"]
+__all__ = ["CONTROL", "LOG_ENV", "MODES", "Server", "children_inside", "probe", "start", "sweep", "why_not"]
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,11 @@ def probe(server_environ: dict[str, str], gpu_ids: Sequence[str], timeout: float
         said = done.stderr.strip().splitlines()
         return f"a process could not use the GPUs through it: {said[-1] if said else done.returncode}"
     return None
+
+
+def children_inside(mode: str) -> bool:
+    """Whether ``--mps=mode`` starts an isolated implementation's children inside the server (``child_start``)."""
+    return mode == "all"
 
 
 def why_not(mode: str, gpu_ids: Sequence[str], workers: int, running: Path | None) -> str | None:

@@ -251,7 +251,7 @@ def _run_plan(config: pytest.Config) -> RunPlan:
 
 def _launch(option: argparse.Namespace, root: Path, device: str) -> child_start.Launch:
     """The plain child this process starts before it imports torch (``load_target_for`` takes it over)."""
-    return child_start.Launch(option.impl, root, device, inside_mps=option.mps == "all")
+    return child_start.Launch(option.impl, root, device, inside_mps=mps_server.children_inside(option.mps))
 
 
 def _deadline(budget_s: int | None, worker: str | None) -> float | None:
@@ -280,7 +280,7 @@ def _load_target(config: pytest.Config, plan: RunPlan, device: torch.device, def
     option = config.option
     return load_target_for(plan.spec, config.rootpath, device.type, definition, isolated=plan.isolated,
                            sanitize=option.sanitize, sanitize_every=option.sanitize_every, started=plan.child,
-                           inside_mps=option.mps == "all")
+                           inside_mps=mps_server.children_inside(option.mps))
 
 
 def _own_mps_server(mode: str, gpu_ids: list[str], workers: int) -> tuple[mps_server.Server | None, str | None]:
@@ -434,13 +434,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     plan = config.stash[PLAN]
     run = config.stash.get(RUN, None)
     pipe = devices.mps_control_pipe()
+    children_inside = plan.isolated and mps_server.children_inside(config.option.mps)
     return [f"gqa-decode: impl={plan.spec} contract={plan.contract} device={plan.device} case-sizes={plan.sizes} "
             f"hypothesis-profile={shards.profile_name()} shards={config.option.shards} run={plan.run_id}",
             f"gqa-decode: definition={_definition_names(config, run)}",
             "gqa-decode: " + isolation.mode_line(plan.isolated, config.option.isolation, config.option.sanitize),
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
-            *([CHILDREN_INSIDE_MPS] if pipe and plan.isolated and config.option.mps == "all" else []),
+            *([CHILDREN_INSIDE_MPS] if pipe and children_inside else []),
             *([f"gqa-decode: time budget {config.option.time_budget} s: no test starts after it, the rest are "
                "reported as not started"] if plan.deadline else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]
