@@ -385,6 +385,9 @@ def run_scaling(options) -> dict:
                   + ", ".join(f"{name} {steady[name]['median']:.3f} ms ({100 * steady[name]['share']:.0f}%)"
                               for name in (*stages.COLUMNS, "total")))
             print(_worker_time_line(run, steady))
+        split = (run["stages_ms_per_example"] or {}).get("split")
+        if split:
+            print(stages.split_line(split))
         print(*_slowest_properties(run), sep="\n")
     return {"profile": options.profile, "max_examples": options.max_examples,
             "workers_per_gpu": options.workers_per_gpu, "runs": runs}

@@ -12,6 +12,10 @@ A sampled example's time is split into ``COLUMNS``, disjoint and together its wh
 drawing this example, and its engine's work on the last), the four ``STAGES``, and "other"
 (the rest of the example: the test body's glue, the plugin's wrappers). The first example of
 each property in each process (compilation, loading) is always timed and kept apart.
+
+Every other example is split in two, ``SPLIT``: generation, and the example itself (its body,
+unsynchronised). Generation is host work alone, so its share of a worker's time needs no
+synchronisation and rests on every example, not on one in ``every``.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from collections.abc import Callable, Iterable, Iterator
 STAGES = ("build", "kernel", "oracle", "checks")
 COLUMNS = ("generation", *STAGES, "other")  # disjoint: together one example's whole time
 SAMPLE_EVERY = 32  # a clock times one example in this many (each costs a time-sliced GPU five more turns)
+SPLIT = ("generation", "example")  # the two columns of every unsampled example
 
-__all__ = ["COLUMNS", "SAMPLE_EVERY", "STAGES", "StageClock", "install", "quantile", "stage", "summarise", "timed",
-           "uninstall"]
+__all__ = ["COLUMNS", "SAMPLE_EVERY", "SPLIT", "STAGES", "StageClock", "install", "quantile", "split_line", "stage",
+           "summarise", "timed", "uninstall"]
 
 
 class StageClock:
@@ -44,6 +49,7 @@ class StageClock:
         self.inside: str | None = None  # the open stage: a nested one counts toward it
         self.samples: list[list[float]] = []  # steady examples, one row of COLUMNS each
         self.first: list[list[float]] = []  # the first example of a property in this process
+        self.unsampled: list[list[float]] = []  # steady examples not sampled, one row of SPLIT each
         self._coin = random.Random(0)  # its own stream: Hypothesis seeds the global one in each example
         self._properties_seen: set[str] = set()
         self._property: str | None = None
@@ -70,20 +76,23 @@ class StageClock:
             self._properties_seen.add(self._property)
         self.sampling = self._is_first or self.every == 1 or self._coin.random() * self.every < 1
         self.examples += 1
+        self._generation = started - self._last_end if self._last_end is not None else 0.0
         if self.sampling:
-            self._generation = started - self._last_end if self._last_end is not None else 0.0
             self.synchronize()  # the device work of earlier, unsampled examples is not this one's
-            self._spent, self._start = dict.fromkeys(STAGES, 0.0), self.now()
+            self._spent = dict.fromkeys(STAGES, 0.0)
+        self._start = self.now()
 
     def end_example(self) -> None:
         """The example ended (passed or not): its row is kept; the next example's generation counts from now."""
+        ended = self.now()
         if self.sampling:
-            whole = self.now() - self._start
             spent = [self._spent[name] for name in STAGES]
-            row = [self._generation, *spent, max(whole - sum(spent), 0.0)]
+            row = [self._generation, *spent, max(ended - self._start - sum(spent), 0.0)]
             (self.first if self._is_first else self.samples).append([round(1e3 * s, 4) for s in row])
+        else:  # a first example is always sampled
+            self.unsampled.append([round(1e3 * self._generation, 4), round(1e3 * (ended - self._start), 4)])
         self.sampling = False
-        self._last_end = self.now()
+        self._last_end = ended
 
     def timing(self, example: Callable) -> Callable:
         """``example`` (one Hypothesis example, see ``shards.wrapping_examples``) between ``begin_example``
@@ -117,10 +126,11 @@ class StageClock:
             self._spent[name] += self.now() - start
 
     def take(self) -> dict:
-        """{"columns": COLUMNS, "examples": [row ms, ...], "first": [row ms, ...]} since the last take; then
-        start afresh."""
-        taken = {"columns": list(COLUMNS), "examples": self.samples, "first": self.first}
-        self.samples, self.first = [], []
+        """{"columns": COLUMNS, "examples": [row ms, ...], "first": [row ms, ...], "split": SPLIT, "unsampled":
+        [row ms, ...]} since the last take; then start afresh."""
+        taken = {"columns": list(COLUMNS), "examples": self.samples, "first": self.first, "split": list(SPLIT),
+                 "unsampled": self.unsampled}
+        self.samples, self.first, self.unsampled = [], [], []
         return taken
 
 
@@ -137,21 +147,30 @@ def quantile(values: Iterable[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def summarise(rows: list[list[float]]) -> dict | None:
-    """Per column of ``rows`` (milliseconds, one row of ``COLUMNS`` per example): count, median, p90, mean and
+def summarise(rows: list[list[float]], columns: tuple[str, ...] = COLUMNS) -> dict | None:
+    """Per column of ``rows`` (milliseconds, one row of ``columns`` per example): count, median, p90, mean and
     share of the examples' summed time (the shares add to 100%), and the same for the total; None for no rows."""
     if not rows:
         return None
     totals = [sum(row) for row in rows]
     grand = sum(totals)
     summary = {}
-    for index, name in enumerate(COLUMNS):
+    for index, name in enumerate(columns):
         values = [row[index] for row in rows]
         summary[name] = {"count": len(values), "median": quantile(values, 0.5), "p90": quantile(values, 0.9),
                          "mean": sum(values) / len(values), "share": sum(values) / grand if grand else 0.0}
     summary["total"] = {"count": len(totals), "median": quantile(totals, 0.5), "p90": quantile(totals, 0.9),
                         "mean": grand / len(totals), "share": 1.0 if grand else 0.0}
     return summary
+
+
+def split_line(split: dict) -> str:
+    """Generation's share of a worker's examples, over every example the stage clocks did not sample."""
+    generation, example = split["generation"], split["example"]
+    return (f"Generation over every unsampled example ({generation['count']}, no synchronisation: host time "
+            f"alone): {100 * generation['share']:.1f}% of their time; median {generation['median']:.3f} ms, mean "
+            f"{generation['mean']:.3f} ms, against the example's own median {example['median']:.3f} ms, mean "
+            f"{example['mean']:.3f} ms")
 
 
 _clock: StageClock | None = None

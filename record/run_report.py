@@ -31,7 +31,7 @@ from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import isolation
 from gqa_decode_fuzz.engine.examples import example_targets, property_name
-from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, StageClock, summarise
+from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, SPLIT, StageClock, split_line, summarise
 from gqa_decode_fuzz.record import causes, mps
 from gqa_decode_fuzz.record.casefiles import replay_command
 
@@ -425,14 +425,17 @@ def stage_breakdown(lines: list[dict]) -> dict | None:
     """Where one worker's time goes, over the examples the stage clocks sampled in ``lines`` (items' part lines):
     per column (``stages.COLUMNS``) count, median, p90, mean and share in ms (``stages.summarise``), the first
     examples of each property in each process apart ("first"), and "busy", a worker's item time per counted
-    example (shrinking and rejected examples included). None before any sample."""
+    example (shrinking and rejected examples included), and "split": every example the clocks did not sample,
+    split into generation and the rest (``stages.SPLIT``, unsynchronised). None before any sample."""
     steady = [row for item in lines for row in _stage_rows(item, "examples")]
     first = [row for item in lines for row in _stage_rows(item, "first")]
     if not steady and not first:
         return None
+    unsampled = [row for item in lines for row in (item.get("stages") or {}).get("unsampled", [])]
     examples = sum(item.get("examples", 0) for item in lines)
     busy = 1e3 * sum(item.get("seconds", 0.0) for item in lines) / examples if examples else None
-    return {"steady": summarise(steady), "first": summarise(first), "busy_ms_per_example": busy}
+    return {"steady": summarise(steady), "first": summarise(first), "busy_ms_per_example": busy,
+            "split": summarise(unsampled, SPLIT)}
 
 
 def _stage_rows(item: dict, kind: str) -> list[list[float]]:
@@ -563,6 +566,9 @@ def _stages(breakdown: dict | None) -> list[str]:
         lines += ["", f"First examples ({first['total']['count']}: compilation, loading): median "
                       f"{first['total']['median']:.1f} ms, p90 {first['total']['p90']:.1f} ms; "
                       + ", ".join(f"{name} {first[name]['share']:.0%}" for name in COLUMNS) + "."]
+    split = breakdown.get("split")
+    if split:
+        lines += ["", split_line(split) + "."]
     busy = breakdown["busy_ms_per_example"]
     if busy:
         lines += ["", f"Busy time per counted example (items' time over their examples, shrinking and first "

@@ -96,6 +96,26 @@ def test_each_propertys_first_example_in_a_process_is_kept_apart():
         assert len(taken["first"]) == (0 if nodeid.endswith("shard2of2]") else 1) and taken["examples"] == []
 
 
+def test_every_unsampled_example_is_split_into_generation_and_the_rest_without_synchronising():
+    fake = FakeTime()
+    synchronised = []
+    clock = stages.StageClock(every=10**9, synchronize=lambda: synchronised.append(1), now=fake)
+    clock.begin_item("p.py::test_p")
+    fake.advance(3)
+    body = clock.timing(lambda: _an_example(fake))
+    body()  # the property's first example: sampled, kept apart
+    synchronised.clear()
+    for draw_ms in (4, 6):
+        fake.advance(draw_ms)
+        body()
+    taken = clock.take()
+    assert synchronised == [] and taken["examples"] == [] and len(taken["first"]) == 1
+    assert taken["split"] == ["generation", "example"] and taken["unsampled"] == [[4.0, 33.0], [6.0, 33.0]]
+    split = stages.summarise(taken["unsampled"], stages.SPLIT)
+    assert split["generation"]["share"] == pytest.approx(10 / 76) and split["example"]["median"] == 33.0
+    assert "13.2% of their time" in stages.split_line(split)
+
+
 def test_summaries_give_medians_tails_and_shares_that_add_up():
     rows = [[1.0, 2.0, 3.0, 4.0, 0.0, 0.0], [3.0, 2.0, 1.0, 4.0, 0.0, 10.0], [2.0, 2.0, 2.0, 4.0, 0.0, 0.0]]
     summary = stages.summarise(rows)
@@ -185,4 +205,9 @@ def test_breakdown_takes_medians_over_every_items_rows_with_first_examples_apart
     assert first["kernel"]["median"] == 900.0  # the compilation stays out of the steady medians
     assert sum(steady[name]["share"] for name in stages.COLUMNS) == pytest.approx(1.0)
     assert breakdown["busy_ms_per_example"] == pytest.approx(1e3 * 3.1 / 45)
+    assert breakdown["split"] is None  # no unsampled rows in these lines
+    lines[0]["stages"]["unsampled"] = [[1.0, 3.0], [2.0, 6.0]]
+    lines[1]["stages"]["unsampled"] = [[3.0, 9.0]]
+    split = run_report.stage_breakdown(lines)["split"]
+    assert split["generation"]["count"] == 3 and split["generation"]["share"] == pytest.approx(0.25)
     assert run_report.stage_breakdown([{"examples": 3, "seconds": 1.0}]) is None
