@@ -56,6 +56,10 @@
 #                                            # named; a digest of each report (benchmarks/report_digest.py);
 #                                            # SANITIZER_SHRINK=SECONDS: a sanitized failure shrinks beside them;
 #                                            # PYTEST_ARGS: more options for each entry's run (-k EXPR, a file)
+#   bash benchmarks/gpu_session.sh sweep     # the production sweep's way (docs/findings.md): ENTRIES="NAME=IMPL ..."
+#                                            # each through `production` over every decode definition at the gpu
+#                                            # profile (EXAMPLES, default 300) with --mps=${MPS:-all}, BUDGET s each;
+#                                            # the GPU's memory sampled every second, its peak per entry in the summary
 #   bash benchmarks/gpu_session.sh limits    # what stops the plain run: at the goal's 1,500 examples per property with
 #                                            # 8 and 16 workers and at the profile's 300 with 8 (warm caches; RUNS=
 #                                            # "1500x8 300x8" names others), the GPU's utilisation sampled every 200 ms
@@ -446,6 +450,19 @@ production)  # appends to $OUT's summary and digest, so several runs can share o
   wait
   case_file_errors failures-shrink/*.pt
   tar czf "$OUT/logs-${TAG:-production}.tgz" -C "$OUT" $(cd "$OUT" && ls ./*.log) && rm -f "$OUT"/*.log
+  ;;
+sweep)
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -l 1 >"$OUT/memory.csv" 2>&1 &
+  sampler=$!
+  for entry in ${ENTRIES:?name the entries}; do
+    name=${entry%%=*}
+    sampled=$(wc -l <"$OUT/memory.csv")
+    DEFINITION=decode EXAMPLES=${EXAMPLES:-300} TAG=$name ENTRIES=$entry \
+      PYTEST_ARGS="--mps=${MPS:-all} ${PYTEST_ARGS:-}" bash "$0" production
+    tail -n +"$((sampled + 1))" "$OUT/memory.csv" | awk -F', ' -v name="$name" '$1 + 0 > peak {peak = $1 + 0; all = $2}
+      END {print "peak GPU memory during " name ": " peak " of " all " MiB"}' >>"$OUT/summary.txt"
+  done
+  kill "$sampler"
   ;;
 causes)
   nvidia-smi -L | tee "$OUT/summary.txt"
