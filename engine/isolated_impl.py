@@ -52,6 +52,7 @@ START_TIMEOUT_S = 120.0  # spawn, import torch and the target (and a sanitizer's
 SANITIZED_SLOWDOWN = 10.0  # a sanitized child's calls may take this many times the deadline: instrumented kernels
 # and a Triton compile under compute-sanitizer run far slower than plain ones
 LOG_TAIL_LINES = 30
+STANDBY_LAPSE = 100  # calls without a death after which a standby child is stopped (the crash is behind the run)
 
 __all__ = ["Child", "IsolatedImpl", "Launch", "load_isolated_target"]
 
@@ -409,7 +410,9 @@ class IsolatedImpl:
 
     A target whose child has died once is likely to kill the next ones too (shrinking a crash replays it again and
     again), and each fresh child spends about a second importing torch and the target. So from a first death on,
-    a standby child is spawned beside each replacement, and the next replacement takes it, already started."""
+    a standby child is spawned beside each replacement, and the next replacement takes it, already started. After
+    ``STANDBY_LAPSE`` calls without a death the crash is behind the run, and the standby (a process, on a GPU a
+    CUDA context) is stopped until the next death."""
 
     def __init__(self, launch: Launch, sanitize_every: int = SANITIZE_EVERY, started: Started | None = None) -> None:
         self.launch = launch
@@ -425,6 +428,7 @@ class IsolatedImpl:
         # and the next results, which the child's allocator mostly puts in the same segments, need no new mapping.
         self._kept: list[torch.Tensor] = []
         self.calls = self.restarts = 0
+        self._calls_since_death = 0
 
     def _child(self, sanitized: bool) -> Child:
         child = self._children[sanitized]
@@ -433,6 +437,7 @@ class IsolatedImpl:
             started = None
             if child is not None:
                 self.restarts += 1
+                self._calls_since_death = 0
                 self._kept = []  # the dead child's memory
                 started = self._standby.pop(sanitized, None) or child_start.start(launch)
                 self._standby[sanitized] = child_start.start(launch)  # importing while its predecessor serves
@@ -462,7 +467,11 @@ class IsolatedImpl:
         sanitized = self.share is not None and args is not None and self.share.current()
         self.calls += args is not None
         try:
-            return self._child(sanitized).call(definition, args, kwargs, self._received)
+            results = self._child(sanitized).call(definition, args, kwargs, self._received)
+            self._calls_since_death += 1
+            if self._standby and self._calls_since_death >= STANDBY_LAPSE:
+                self._stop_standbys()
+            return results
         except ImplementationFailed as error:
             failure = error
             if isinstance(error, SanitizerError) and self.share is not None:
@@ -496,10 +505,13 @@ class IsolatedImpl:
         for child in self._children.values():
             if child is not None:
                 child.stop()
+        self._stop_standbys()
+        self._received, self._kept = [], []
+
+    def _stop_standbys(self) -> None:
         for started in self._standby.values():
             started.stop()
         self._standby.clear()
-        self._received, self._kept = [], []
 
 
 def _raise_plainly(failure: ImplementationFailed) -> NoReturn:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from hypothesis.errors import UnsatisfiedAssumption
 
-from gqa_decode_fuzz.engine import isolation
+from gqa_decode_fuzz.engine import isolated_impl, isolation
 from gqa_decode_fuzz.engine.isolated_impl import Child, IsolatedImpl, Launch, _loads, _reraised
 from gqa_decode_fuzz.engine.target import in_definition_order
 from gqa_decode_fuzz.generation.cases import DecodeCase, build, definitions
@@ -287,3 +287,25 @@ def test_after_a_death_each_replacement_child_was_started_beside_its_predecessor
     finally:
         impl.close()
     assert not next_standby.process.is_alive() and not impl._standby  # closing stops the standby too
+
+
+def test_a_standby_child_is_stopped_once_calls_go_without_a_death_and_comes_back_with_the_next(monkeypatch):
+    """The standby is for a crash being shrunk: once ``STANDBY_LAPSE`` calls in a row pass, it is a process (on a
+    GPU a CUDA context) kept for nothing, and is stopped; the next death starts a replacement and a standby again."""
+    monkeypatch.setattr(isolated_impl, "STANDBY_LAPSE", 2)
+    impl = IsolatedImpl(Launch("tests/impls/process_faults.py:exits", ROOT, "cpu"))
+    faulting = build(DecodeCase(lengths=(3, 3)), observe=False).arguments()
+    clean = build(DecodeCase(lengths=(1,)), observe=False).arguments()
+    try:
+        with pytest.raises(isolation.ImplementationCrashed):
+            impl(*faulting)
+        impl(*clean)  # the first replacement serves; a standby waits beside it
+        standby = impl._standby[False]
+        impl(*clean)
+        assert not impl._standby and not standby.process.is_alive()
+        with pytest.raises(isolation.ImplementationCrashed):
+            impl(*faulting)
+        impl(*clean)
+        assert impl.restarts == 2 and impl._standby[False].process.is_alive()
+    finally:
+        impl.close()
