@@ -15,7 +15,9 @@ each property in each process (compilation, loading) is always timed and kept ap
 
 Every other example is split in two, ``SPLIT``: generation, and the example itself (its body,
 unsynchronised). Generation is host work alone, so its share of a worker's time needs no
-synchronisation and rests on every example, not on one in ``every``.
+synchronisation and rests on every example, not on one in ``every``. The sums are exact; the rows
+kept for medians are a uniform sample of at most ``SPLIT_KEPT`` per item (reservoir sampling), so that a nightly run's
+part files stay small.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ STAGES = ("build", "kernel", "oracle", "checks")
 COLUMNS = ("generation", *STAGES, "other")  # disjoint: together one example's whole time
 SAMPLE_EVERY = 32  # a clock times one example in this many (each costs a time-sliced GPU five more turns)
 SPLIT = ("generation", "example")  # the two columns of every unsampled example
+SPLIT_KEPT = 256  # rows of SPLIT an item keeps at most (a uniform sample: reservoir sampling)
 
-__all__ = ["COLUMNS", "SAMPLE_EVERY", "SPLIT", "STAGES", "StageClock", "install", "quantile", "split_line", "stage",
-           "summarise", "timed", "uninstall"]
+__all__ = ["COLUMNS", "SAMPLE_EVERY", "SPLIT", "SPLIT_KEPT", "STAGES", "StageClock", "install", "quantile",
+           "split_line", "stage", "summarise", "summarise_split", "timed", "uninstall"]
 
 
 class StageClock:
@@ -49,7 +52,9 @@ class StageClock:
         self.inside: str | None = None  # the open stage: a nested one counts toward it
         self.samples: list[list[float]] = []  # steady examples, one row of COLUMNS each
         self.first: list[list[float]] = []  # the first example of a property in this process
-        self.unsampled: list[list[float]] = []  # steady examples not sampled, one row of SPLIT each
+        self.unsampled: list[list[float]] = []  # steady examples not sampled, one row of SPLIT each (a sample)
+        self.unsampled_sums = [0, 0.0, 0.0]  # every such example: count, then ms summed per column of SPLIT
+        self._keep = random.Random(1)  # the rows' reservoir, apart from the coin so that sampling is unchanged
         self._coin = random.Random(0)  # its own stream: Hypothesis seeds the global one in each example
         self._properties_seen: set[str] = set()
         self._property: str | None = None
@@ -90,9 +95,21 @@ class StageClock:
             row = [self._generation, *spent, max(ended - self._start - sum(spent), 0.0)]
             (self.first if self._is_first else self.samples).append([round(1e3 * s, 4) for s in row])
         else:  # a first example is always sampled
-            self.unsampled.append([round(1e3 * self._generation, 4), round(1e3 * (ended - self._start), 4)])
+            self._keep_unsampled([round(1e3 * self._generation, 4), round(1e3 * (ended - self._start), 4)])
         self.sampling = False
         self._last_end = ended
+
+    def _keep_unsampled(self, row: list[float]) -> None:
+        sums = self.unsampled_sums
+        sums[0] += 1
+        sums[1] += row[0]
+        sums[2] += row[1]
+        if len(self.unsampled) < SPLIT_KEPT:
+            self.unsampled.append(row)
+        else:  # the n-th row replaces a kept one with probability SPLIT_KEPT / n
+            slot = self._keep.randrange(sums[0])
+            if slot < SPLIT_KEPT:
+                self.unsampled[slot] = row
 
     def timing(self, example: Callable) -> Callable:
         """``example`` (one Hypothesis example, see ``shards.wrapping_examples``) between ``begin_example``
@@ -127,10 +144,10 @@ class StageClock:
 
     def take(self) -> dict:
         """{"columns": COLUMNS, "examples": [row ms, ...], "first": [row ms, ...], "split": SPLIT, "unsampled":
-        [row ms, ...]} since the last take; then start afresh."""
+        [row ms, ...], "unsampled_sums": [count, ms, ms]} since the last take; then start afresh."""
         taken = {"columns": list(COLUMNS), "examples": self.samples, "first": self.first, "split": list(SPLIT),
-                 "unsampled": self.unsampled}
-        self.samples, self.first, self.unsampled = [], [], []
+                 "unsampled": self.unsampled, "unsampled_sums": [round(x, 3) for x in self.unsampled_sums]}
+        self.samples, self.first, self.unsampled, self.unsampled_sums = [], [], [], [0, 0.0, 0.0]
         return taken
 
 
@@ -164,13 +181,27 @@ def summarise(rows: list[list[float]], columns: tuple[str, ...] = COLUMNS) -> di
     return summary
 
 
+def summarise_split(rows: list[list[float]], sums: list[float]) -> dict | None:
+    """``summarise`` over the kept rows of ``SPLIT`` (medians and p90 of a sample), with count, mean and share
+    from ``sums`` (count, then ms per column, over every unsampled example); None for none."""
+    summary = summarise(rows, SPLIT)
+    count, *spent = sums
+    if summary is None or not count:
+        return None
+    grand = sum(spent)
+    for name, total in zip(SPLIT, spent, strict=True):
+        summary[name].update(count=count, mean=total / count, share=total / grand if grand else 0.0)
+    summary["total"].update(count=count, mean=grand / count, kept=len(rows))
+    return summary
+
+
 def split_line(split: dict) -> str:
     """Generation's share of a worker's examples, over every example the stage clocks did not sample."""
     generation, example = split["generation"], split["example"]
     return (f"Generation over every unsampled example ({generation['count']}, no synchronisation: host time "
-            f"alone): {100 * generation['share']:.1f}% of their time; median {generation['median']:.3f} ms, mean "
-            f"{generation['mean']:.3f} ms, against the example's own median {example['median']:.3f} ms, mean "
-            f"{example['mean']:.3f} ms")
+            f"alone): {100 * generation['share']:.1f}% of their time; mean {generation['mean']:.3f} ms against "
+            f"the example's own {example['mean']:.3f} ms; medians {generation['median']:.3f} and "
+            f"{example['median']:.3f} ms (over {split['total']['kept']} of them kept at random)")
 
 
 _clock: StageClock | None = None

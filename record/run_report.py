@@ -31,7 +31,7 @@ from hypothesis.errors import HypothesisException
 
 from gqa_decode_fuzz.engine import isolation
 from gqa_decode_fuzz.engine.examples import example_targets, property_name
-from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, SPLIT, StageClock, split_line, summarise
+from gqa_decode_fuzz.generation.stages import COLUMNS, SAMPLE_EVERY, StageClock, split_line, summarise, summarise_split
 from gqa_decode_fuzz.record import causes, mps
 from gqa_decode_fuzz.record.casefiles import replay_command
 
@@ -431,11 +431,14 @@ def stage_breakdown(lines: list[dict]) -> dict | None:
     first = [row for item in lines for row in _stage_rows(item, "first")]
     if not steady and not first:
         return None
-    unsampled = [row for item in lines for row in (item.get("stages") or {}).get("unsampled", [])]
+    taken = [item.get("stages") or {} for item in lines]
+    unsampled = [row for stages in taken for row in stages.get("unsampled", [])]
+    sums = [sum(column) for column in zip(*(stages["unsampled_sums"] for stages in taken
+                                            if "unsampled_sums" in stages), strict=True)] or [0, 0.0, 0.0]
     examples = sum(item.get("examples", 0) for item in lines)
     busy = 1e3 * sum(item.get("seconds", 0.0) for item in lines) / examples if examples else None
     return {"steady": summarise(steady), "first": summarise(first), "busy_ms_per_example": busy,
-            "split": summarise(unsampled, SPLIT)}
+            "split": summarise_split(unsampled, sums)}
 
 
 def _stage_rows(item: dict, kind: str) -> list[list[float]]:

@@ -111,9 +111,29 @@ def test_every_unsampled_example_is_split_into_generation_and_the_rest_without_s
     taken = clock.take()
     assert synchronised == [] and taken["examples"] == [] and len(taken["first"]) == 1
     assert taken["split"] == ["generation", "example"] and taken["unsampled"] == [[4.0, 33.0], [6.0, 33.0]]
-    split = stages.summarise(taken["unsampled"], stages.SPLIT)
+    assert taken["unsampled_sums"] == [2, 10.0, 66.0]
+    split = stages.summarise_split(taken["unsampled"], taken["unsampled_sums"])
     assert split["generation"]["share"] == pytest.approx(10 / 76) and split["example"]["median"] == 33.0
     assert "13.2% of their time" in stages.split_line(split)
+
+
+def test_the_split_keeps_exact_sums_and_a_uniform_sample_of_rows(monkeypatch):
+    monkeypatch.setattr(stages, "SPLIT_KEPT", 50)
+    fake = FakeTime()
+    clock = stages.StageClock(every=10**9, now=fake)
+    clock.begin_item(None)  # no property: no first example kept apart
+    for n in range(1000):
+        fake.advance(1)  # generation 1 ms
+        clock.begin_example()
+        fake.advance(n % 10)  # the example: 0 to 9 ms
+        clock.end_example()
+    taken = clock.take()
+    assert len(taken["unsampled"]) == 50 and taken["unsampled_sums"] == [1000, 1000.0, 4500.0]
+    assert 2.0 < stages.quantile([row[1] for row in taken["unsampled"]], 0.5) < 7.0  # drawn from every example
+    split = stages.summarise_split(taken["unsampled"], taken["unsampled_sums"])
+    assert split["generation"]["share"] == pytest.approx(1000 / 5500) and split["example"]["mean"] == 4.5
+    assert split["total"]["kept"] == 50 and split["generation"]["count"] == 1000
+    assert clock.take()["unsampled_sums"] == [0, 0.0, 0.0]
 
 
 def test_summaries_give_medians_tails_and_shares_that_add_up():
@@ -206,8 +226,9 @@ def test_breakdown_takes_medians_over_every_items_rows_with_first_examples_apart
     assert sum(steady[name]["share"] for name in stages.COLUMNS) == pytest.approx(1.0)
     assert breakdown["busy_ms_per_example"] == pytest.approx(1e3 * 3.1 / 45)
     assert breakdown["split"] is None  # no unsampled rows in these lines
-    lines[0]["stages"]["unsampled"] = [[1.0, 3.0], [2.0, 6.0]]
-    lines[1]["stages"]["unsampled"] = [[3.0, 9.0]]
-    split = run_report.stage_breakdown(lines)["split"]
-    assert split["generation"]["count"] == 3 and split["generation"]["share"] == pytest.approx(0.25)
+    lines[0]["stages"].update(unsampled=[[1.0, 3.0], [2.0, 6.0]], unsampled_sums=[5, 6.0, 18.0])
+    lines[1]["stages"].update(unsampled=[[3.0, 9.0]], unsampled_sums=[1, 3.0, 9.0])
+    split = run_report.stage_breakdown(lines)["split"]  # the sums count every example, the rows a sample
+    assert split["generation"]["count"] == 6 and split["generation"]["share"] == pytest.approx(0.25)
+    assert split["total"]["kept"] == 3 and split["generation"]["mean"] == pytest.approx(1.5)
     assert run_report.stage_breakdown([{"examples": 3, "seconds": 1.0}]) is None
