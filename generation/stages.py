@@ -16,8 +16,8 @@ each property in each process (compilation, loading) is always timed and kept ap
 Every other example is split in two, ``SPLIT``: generation, and the example itself (its body,
 unsynchronised). Generation is host work alone, so its share of a worker's time needs no
 synchronisation and rests on every example, not on one in ``every``. The sums are exact; the rows
-kept for medians are a uniform sample of at most ``SPLIT_KEPT`` per item (reservoir sampling), so that a nightly run's
-part files stay small.
+kept for medians are a uniform sample of at most ``SPLIT_KEPT`` per item (reservoir sampling), so
+that a nightly run's part files stay small.
 """
 
 from __future__ import annotations
