@@ -4,7 +4,7 @@
 
 Per run: the verdict line, each root cause (what it needs, how many properties, its minimal case and replay), and
 per definition the examples of passing properties, how many properties the time budget left unstarted, and the
-properties that did not pass.
+properties that did not pass; then one line over all definitions (a findings table's row).
 """
 
 from __future__ import annotations
@@ -61,7 +61,21 @@ def digest(folder: Path) -> list[str]:
         row = per_definition[name]
         lines.append(f"| {name} | {row['passed']} | {row['examples']} | {row['unstarted']} | "
                      f"{'; '.join(sorted(set(row['other'])))} |")
-    return lines + [""]
+    return lines + ["", _in_all(per_definition, len(found.get("causes", []))), ""]
+
+
+def _in_all(per_definition: dict[str, dict], causes: int) -> str:
+    """One line for a findings table's row: definitions, examples per definition, what did not run or pass."""
+    rows = list(per_definition.values())
+    if not rows:
+        return "In all: no property ran."
+    examples = sorted(row["examples"] for row in rows)
+    unstarted = sum(row["unstarted"] for row in rows)
+    not_passed = sum(len(set(row["other"])) for row in rows)
+    return (f"In all: {len(rows)} definitions, {sum(row['passed'] for row in rows)} properties passed over "
+            f"{sum(examples)} examples ({examples[0]} to {examples[-1]} per definition); "
+            f"properties left unstarted by the time budget: {unstarted}; not passed: {not_passed}; "
+            f"root causes: {causes}.")
 
 
 def main() -> None:
