@@ -32,8 +32,9 @@ GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
 SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
-__all__ = ["Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "memory_wanted", "pin_this_worker",
-           "release_slots", "share_cores", "shares_its_gpu", "visible_gpu_ids", "wanting_memory", "workers_per_gpu"]
+__all__ = ["Pin", "auto_worker_count", "claim_slot", "core_share", "export_gpus", "memory_turn", "memory_wanted",
+           "pin_this_worker", "release_slots", "share_cores", "shares_its_gpu", "visible_gpu_ids", "wanting_memory",
+           "workers_per_gpu"]
 
 @dataclass(frozen=True)
 class Pin:
@@ -164,14 +165,22 @@ def share_cores() -> int | None:
     other workers hold: 40x slower on a loaded 2-core machine. A user's ``OMP_NUM_THREADS``
     wins. Returns the thread count set, or None where nothing was changed.
     """
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if workers < 1 or "OMP_NUM_THREADS" in os.environ:
+    threads = core_share()
+    if threads is None:
         return None
     import torch
 
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)
     torch.set_num_threads(threads)
     return threads
+
+
+def core_share() -> int | None:
+    """The CPU threads an xdist worker of this run should use: its share of the cores, at least one; None outside
+    xdist or where the user set ``OMP_NUM_THREADS``."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // workers)
 
 
 def shares_its_gpu(pin: Pin | None) -> bool:

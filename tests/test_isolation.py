@@ -309,3 +309,20 @@ def test_a_standby_child_is_stopped_once_calls_go_without_a_death_and_comes_back
         assert impl.restarts == 2 and impl._standby[False].process.is_alive()
     finally:
         impl.close()
+
+
+def test_the_child_runs_with_its_parents_cpu_threads(monkeypatch):
+    """An xdist worker takes its share of the cores (``gpus.share_cores``); its child must too, or every worker's
+    child sizes its pool for the whole machine and they spin on the same cores."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: a child's default pool is one thread as well")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    impl = IsolatedImpl(Launch("tests/impls/tells_its_threads.py:run", ROOT, "cpu"))
+    try:
+        with pytest.raises(ValueError, match=r"^threads=1\s"):
+            impl(*build(DecodeCase(lengths=(1,)), observe=False).arguments())
+    finally:
+        impl.close()
+        torch.set_num_threads(before)
