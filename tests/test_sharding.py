@@ -414,3 +414,39 @@ def test_each_worker_takes_its_share_of_the_cores(monkeypatch, workers, user_thr
         assert torch.get_num_threads() == (before if threads is None else threads)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("user", "numpy_loaded", "expected"), [({}, False, "share"), ({}, True, None),
+                                                                 ({"OMP_NUM_THREADS": "3"}, False, None),
+                                                                 ({"OPENBLAS_NUM_THREADS": "3"}, False, "share")])
+def test_each_worker_gives_numpys_blas_its_share_of_the_cores_before_numpy_loads(monkeypatch, user, numpy_loaded,
+                                                                                 expected):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    for name in ("OMP_NUM_THREADS", *gpus.BLAS_THREADS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in user.items():
+        monkeypatch.setenv(name, value)
+    if not numpy_loaded:
+        monkeypatch.delitem(sys.modules, "numpy", raising=False)  # the entry only; restored after the test
+    else:
+        monkeypatch.setitem(sys.modules, "numpy", sys.modules.get("numpy") or object())
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert gpus.share_blas_threads() == (int(share) if expected else None)
+    if expected:  # a user's own BLAS count stays
+        assert os.environ["OPENBLAS_NUM_THREADS"] == user.get("OPENBLAS_NUM_THREADS", share)
+        assert os.environ["MKL_NUM_THREADS"] == share
+    else:
+        assert all(os.environ.get(name) == user.get(name) for name in gpus.BLAS_THREADS_ENV)
+
+
+def test_a_worker_has_set_its_blas_share_before_anything_loaded_numpy(tmp_path):
+    """End to end: the plugin's import in an xdist worker comes before numpy's, so the share takes effect."""
+    (tmp_path / "test_blas.py").write_text(
+        "import os\n\n\ndef test_blas_share():\n"
+        "    assert os.environ.get('OPENBLAS_NUM_THREADS') == str(max(1, len(os.sched_getaffinity(0)) // 2))\n")
+    env = clean_environment(GQA_DECODE_REPORT_DIR="none")
+    for name in ("OMP_NUM_THREADS", *gpus.BLAS_THREADS_ENV):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-q", "test_blas.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
