@@ -112,8 +112,8 @@ def _outside_mps(launch: Launch, directory: Path) -> dict[str, str]:
 
 def _parents_threads() -> dict[str, str]:
     """The environment that gives the child this process's CPU thread count (an xdist worker's share of the cores,
-    ``gpus.share_cores``): torch would size the child's pool for the whole machine, and every worker's child
-    spinning on the same cores slows them all (4x on the CI machine). A user's ``OMP_NUM_THREADS`` is inherited."""
+    ``gpus.share_cores``): torch would size the child's pool for the whole machine, and the workers' children
+    would spin on the same cores (docs/workers.md). A user's ``OMP_NUM_THREADS`` is inherited."""
     torch = sys.modules.get("torch")
     if torch is None or "OMP_NUM_THREADS" in os.environ:
         return {}

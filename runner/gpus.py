@@ -184,8 +184,7 @@ def share_blas_threads() -> int | None:
     """Worker side, before numpy loads (at the plugin's import): give numpy's BLAS this worker's share of the cores.
 
     The Triton interpreter runs ``tl.dot`` as a numpy matmul, and a BLAS pool per worker sized for the whole machine
-    spins against the others': the decode and metamorphic properties took 27 to 31 s instead of 10 s with two
-    workers on the CI machine's two cores. Its children and nested runs inherit the setting. A user's setting
+    spins against the others' (docs/workers.md). Its children and nested runs inherit the setting. A user's setting
     (these variables or ``OMP_NUM_THREADS``, which both libraries also read) wins. Returns the count set, or None.
     """
     threads = core_share()

@@ -19,8 +19,8 @@ def clean_environment(**overrides: str) -> dict[str, str]:
     """This process's environment without xdist's and the suite's variables, plus ``overrides``.
 
     Inside an xdist worker the nested run gets the worker's share of the cores (``gpus.core_share``): it runs
-    while its parent waits, and with torch's default pool in each of them the workers' nested runs spun on the
-    same cores (4.4x slower for two on the CI machine's two cores).
+    while its parent waits, and with torch's default pool in each of them the workers' nested runs would spin on
+    the same cores (docs/workers.md).
     """
     share = core_share()
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED and not k.startswith("GQA_DECODE_")}
