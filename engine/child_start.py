@@ -81,7 +81,6 @@ def start(launch: Launch) -> Started:
     executable, sanitizer_log = None, None
     extra_env = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"} if launch.sanitize else {}
     extra_env.update(_outside_mps(launch, directory))
-    extra_env.update(_parents_threads())
     if launch.sanitize:
         executable, sanitizer_log = _sanitizer_wrapper(launch.sanitize, directory)
     context = multiprocessing.get_context("spawn")  # torch.multiprocessing's is this one: no torch needed here
@@ -108,16 +107,6 @@ def _outside_mps(launch: Launch, directory: Path) -> dict[str, str]:
     outside = directory / "outside-mps"  # no control pipe in it: the driver gives the child a context of its own
     outside.mkdir()
     return {devices.MPS_PIPE_ENV: str(outside)}
-
-
-def _parents_threads() -> dict[str, str]:
-    """The environment that gives the child this process's CPU thread count (an xdist worker's share of the cores,
-    ``gpus.share_cores``): torch would size the child's pool for the whole machine, and the workers' children
-    would spin on the same cores (docs/workers.md). A user's ``OMP_NUM_THREADS`` is inherited."""
-    torch = sys.modules.get("torch")
-    if torch is None or "OMP_NUM_THREADS" in os.environ:
-        return {}
-    return {"OMP_NUM_THREADS": str(torch.get_num_threads())}
 
 
 @functools.lru_cache(maxsize=1)

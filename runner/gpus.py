@@ -8,7 +8,7 @@ worker that replaces a crashed one takes over the dead worker's GPU) and pins it
 with ``CUDA_VISIBLE_DEVICES``. All workers share the one Triton cache (``TRITON_CACHE_DIR`` or
 Triton's default): Triton writes each entry atomically, so a kernel specialisation that any
 worker of any earlier run compiled is loaded, not compiled again in every worker. On any host each worker takes
-its share of the cores for the thread pools of torch (``share_cores``) and of numpy's BLAS (``share_blas_threads``).
+its share of the cores for the thread pools of torch and numpy's BLAS, its own and its children's (``share_cores``).
 
 Nothing here imports torch at module level: it runs before the worker is pinned. The controller counts the GPUs
 without torch too (``engine/devices.py``: the CUDA driver's own count), so that it can start its workers before
@@ -34,9 +34,9 @@ GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
 SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
-__all__ = ["BLAS_THREADS_ENV", "Pin", "auto_worker_count", "claim_slot", "core_share", "export_gpus", "memory_turn",
-           "memory_wanted", "pin_this_worker", "release_slots", "share_blas_threads", "share_cores", "shares_its_gpu",
-           "visible_gpu_ids", "wanting_memory", "workers_per_gpu"]
+__all__ = ["THREADS_ENV", "Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "memory_wanted",
+           "pin_this_worker", "release_slots", "share_cores", "shares_its_gpu", "visible_gpu_ids", "wanting_memory",
+           "workers_per_gpu"]
 
 @dataclass(frozen=True)
 class Pin:
@@ -159,49 +159,30 @@ def auto_worker_count(device_choice: str, per_gpu: int | str) -> int | None:
     return count * workers_per_gpu(per_gpu, count) if count else None
 
 
+# Read as the libraries load: torch's pool and, under numpy, OpenBLAS's and MKL's (both fall back to the first).
+THREADS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def share_cores() -> int | None:
-    """Worker side: give this xdist worker's torch its share of the cores, at least one thread.
+    """Worker side, at the plugin's import: give this xdist worker, and every process it starts, its share of the
+    cores, at least one thread.
 
-    torch sizes its thread pool for the whole machine in every process; N workers then run N
-    pools on the same cores, and an op above torch's parallel grain waits on threads that
-    other workers hold: 40x slower on a loaded 2-core machine. A user's ``OMP_NUM_THREADS``
-    wins. Returns the thread count set, or None where nothing was changed.
+    torch sizes its thread pool for the whole machine in every process, and so does numpy's BLAS (the Triton
+    interpreter's ``tl.dot`` is a numpy matmul); N workers, their isolated children and the pytest runs the
+    project's tests start then run a pool each on the same cores, and an op above the parallel grain waits on
+    threads that other pools hold (docs/workers.md). The share is exported before torch and numpy load, so they
+    size their pools by it and every child inherits it; a torch loaded earlier is set directly. A user's
+    ``OMP_NUM_THREADS`` wins. Returns the thread count set, or None where nothing was changed.
     """
-    threads = core_share()
-    if threads is None:
-        return None
-    import torch
-
-    torch.set_num_threads(threads)
-    return threads
-
-
-# The thread counts of the BLAS libraries numpy may sit on (OpenBLAS in the wheels, MKL in conda's), read as they load.
-BLAS_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def share_blas_threads() -> int | None:
-    """Worker side, before numpy loads (at the plugin's import): give numpy's BLAS this worker's share of the cores.
-
-    The Triton interpreter runs ``tl.dot`` as a numpy matmul, and a BLAS pool per worker sized for the whole machine
-    spins against the others' (docs/workers.md). Its children and nested runs inherit the setting. A user's setting
-    (these variables or ``OMP_NUM_THREADS``, which both libraries also read) wins. Returns the count set, or None.
-    """
-    threads = core_share()
-    if threads is None or "numpy" in sys.modules:
-        return None
-    for name in BLAS_THREADS_ENV:
-        os.environ.setdefault(name, str(threads))
-    return threads
-
-
-def core_share() -> int | None:
-    """The CPU threads an xdist worker of this run should use: its share of the cores, at least one; None outside
-    xdist or where the user set ``OMP_NUM_THREADS``."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers < 1 or "OMP_NUM_THREADS" in os.environ:
         return None
-    return max(1, len(os.sched_getaffinity(0)) // workers)
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    for name in THREADS_ENV:
+        os.environ.setdefault(name, str(threads))  # a user's own BLAS count stays
+    if "torch" in sys.modules:  # loaded before the plugin: too late for the variable
+        sys.modules["torch"].set_num_threads(threads)
+    return threads
 
 
 def shares_its_gpu(pin: Pin | None) -> bool:

@@ -27,7 +27,7 @@ from .assert_rewriting import leave_unrewritten
 
 # An xdist worker claims its GPU before anything can initialise CUDA in this process.
 PIN = gpus.pin_this_worker()
-gpus.share_blas_threads()  # before numpy loads: its BLAS reads the count once
+gpus.share_cores()  # before torch, numpy and the child start: they read the count once
 leave_unrewritten("hypothesis")  # before its first import: no assert rewriting of it at every start
 # ruff: noqa: E402  (everything below is imported after the pin, on purpose)
 

@@ -229,7 +229,6 @@ class SuiteRun:
         if not self.is_controller:
             for name in (gpus.GPU_IDS_ENV, gpus.SLOTS_DIR_ENV):
                 os.environ.pop(name, None)
-            gpus.share_cores()
 
     def guarded_impl(self) -> Callable:
         """The implementation under test as the ``impl`` fixture gives it: its calls recorded, its knobs drawn,

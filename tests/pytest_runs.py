@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gqa_decode_fuzz.runner.gpus import core_share
-
 ROOT = Path(__file__).resolve().parent.parent
 
 # Set by xdist or by this suite's plugin for its own workers: a nested run must not inherit them.
@@ -16,16 +14,9 @@ _INHERITED = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_
 
 
 def clean_environment(**overrides: str) -> dict[str, str]:
-    """This process's environment without xdist's and the suite's variables, plus ``overrides``.
-
-    Inside an xdist worker the nested run gets the worker's share of the cores (``gpus.core_share``): it runs
-    while its parent waits, and with torch's default pool in each of them the workers' nested runs would spin on
-    the same cores (docs/workers.md).
-    """
-    share = core_share()
+    """This process's environment without xdist's and the suite's variables, plus ``overrides``. It keeps an xdist
+    worker's share of the cores (``gpus.share_cores``): the nested run runs while the worker waits for it."""
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED and not k.startswith("GQA_DECODE_")}
-    if share is not None:
-        env["OMP_NUM_THREADS"] = str(share)
     env.update(overrides)
     return env
 

@@ -311,18 +311,16 @@ def test_a_standby_child_is_stopped_once_calls_go_without_a_death_and_comes_back
         impl.close()
 
 
-def test_the_child_runs_with_its_parents_cpu_threads(monkeypatch):
-    """An xdist worker takes its share of the cores (``gpus.share_cores``); its child must too, or every worker's
-    child sizes its pool for the whole machine and they spin on the same cores."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one core: a child's default pool is one thread as well")
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    impl = IsolatedImpl(Launch("tests/impls/tells_its_threads.py:run", ROOT, "cpu"))
-    try:
-        with pytest.raises(ValueError, match=r"^threads=1\s"):
-            impl(*build(DecodeCase(lengths=(1,)), observe=False).arguments())
-    finally:
-        impl.close()
-        torch.set_num_threads(before)
+def test_a_workers_first_child_runs_with_the_workers_share_of_the_cores(tmp_path):
+    """An xdist worker starts its child before it imports torch, so the child learns the share from the environment
+    the worker exported (``gpus.share_cores``), not from the worker's torch; without it every worker's child would
+    size its pool for the whole machine."""
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    environment = clean_environment(GQA_DECODE_FAILURES_DIR=str(tmp_path / "failures"), GQA_DECODE_REPORT_DIR="none")
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        environment.pop(name, None)
+    result = run_pytest("-n", "2", "--hypothesis-profile=ci", "--max-examples=2",
+                        "properties/test_decode.py::test_output_and_lse_within_error_bound",
+                        "--impl=tests/impls/tells_its_threads.py:run", env=environment, timeout=600)
+    told = set(re.findall(r"threads=(\d+)", result.stdout))
+    assert told == {str(share)}, result.stdout[-5000:]

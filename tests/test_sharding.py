@@ -398,55 +398,62 @@ def test_auto_workers_per_gpu_are_three_for_four_cores_up_to_the_measured_knee()
     assert gpus.workers_per_gpu("auto", 4, cores=8) == 1
 
 
+def _no_thread_counts(monkeypatch) -> None:
+    """None of ``gpus.THREADS_ENV`` set, and each restored after the test (``share_cores`` sets them)."""
+    for name in gpus.THREADS_ENV:
+        monkeypatch.setenv(name, "0")  # recorded, so that what the test leaves is undone
+        monkeypatch.delenv(name)
+
+
 @pytest.mark.parametrize(("workers", "user_threads", "expected"), [(2, None, "share"), (64, None, 1), (2, "3", None)])
 def test_each_worker_takes_its_share_of_the_cores(monkeypatch, workers, user_threads, expected):
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
-    if user_threads is None:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    else:
+    _no_thread_counts(monkeypatch)
+    if user_threads is not None:
         monkeypatch.setenv("OMP_NUM_THREADS", user_threads)
     before = torch.get_num_threads()
     try:
         threads = gpus.share_cores()
         share = max(1, len(os.sched_getaffinity(0)) // workers)
         assert threads == (share if expected == "share" else expected)
-        assert torch.get_num_threads() == (before if threads is None else threads)
+        assert torch.get_num_threads() == (before if threads is None else threads)  # torch loaded first: set
     finally:
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize(("user", "numpy_loaded", "expected"), [({}, False, "share"), ({}, True, None),
-                                                                 ({"OMP_NUM_THREADS": "3"}, False, None),
-                                                                 ({"OPENBLAS_NUM_THREADS": "3"}, False, "share")])
-def test_each_worker_gives_numpys_blas_its_share_of_the_cores_before_numpy_loads(monkeypatch, user, numpy_loaded,
-                                                                                 expected):
+@pytest.mark.parametrize(("user", "expected"), [({}, "share"), ({"OMP_NUM_THREADS": "3"}, None),
+                                                 ({"OPENBLAS_NUM_THREADS": "3"}, "share")])
+def test_each_worker_exports_its_share_for_numpys_blas_and_the_processes_it_starts(monkeypatch, user, expected):
+    torch = pytest.importorskip("torch")
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
-    for name in ("OMP_NUM_THREADS", *gpus.BLAS_THREADS_ENV):
-        monkeypatch.delenv(name, raising=False)
+    _no_thread_counts(monkeypatch)
     for name, value in user.items():
         monkeypatch.setenv(name, value)
-    if not numpy_loaded:
-        monkeypatch.delitem(sys.modules, "numpy", raising=False)  # the entry only; restored after the test
-    else:
-        monkeypatch.setitem(sys.modules, "numpy", sys.modules.get("numpy") or object())
     share = str(max(1, len(os.sched_getaffinity(0)) // 2))
-    assert gpus.share_blas_threads() == (int(share) if expected else None)
+    before = torch.get_num_threads()
+    try:
+        assert gpus.share_cores() == (int(share) if expected else None)
+    finally:
+        torch.set_num_threads(before)
     if expected:  # a user's own BLAS count stays
+        assert os.environ["OMP_NUM_THREADS"] == share and os.environ["MKL_NUM_THREADS"] == share
         assert os.environ["OPENBLAS_NUM_THREADS"] == user.get("OPENBLAS_NUM_THREADS", share)
-        assert os.environ["MKL_NUM_THREADS"] == share
     else:
-        assert all(os.environ.get(name) == user.get(name) for name in gpus.BLAS_THREADS_ENV)
+        assert all(os.environ.get(name) == user.get(name) for name in gpus.THREADS_ENV)
 
 
-def test_a_worker_has_set_its_blas_share_before_anything_loaded_numpy(tmp_path):
-    """End to end: the plugin's import in an xdist worker comes before numpy's, so the share takes effect."""
-    (tmp_path / "test_blas.py").write_text(
-        "import os\n\n\ndef test_blas_share():\n"
-        "    assert os.environ.get('OPENBLAS_NUM_THREADS') == str(max(1, len(os.sched_getaffinity(0)) // 2))\n")
+def test_a_worker_has_exported_its_share_before_anything_loaded_numpy_or_torch(tmp_path):
+    """End to end: the plugin's import in an xdist worker comes before numpy's and torch's, so the share takes
+    effect in their pools, and what the worker starts inherits it."""
+    (tmp_path / "test_share.py").write_text(
+        "import os\nimport sys\n\nSHARE = str(max(1, len(os.sched_getaffinity(0)) // 2))\n\n\n"
+        "def test_share():\n"
+        "    assert os.environ.get('OMP_NUM_THREADS') == SHARE and os.environ.get('OPENBLAS_NUM_THREADS') == SHARE\n"
+        "    import torch\n\n    assert str(torch.get_num_threads()) == SHARE\n")
     env = clean_environment(GQA_DECODE_REPORT_DIR="none")
-    for name in ("OMP_NUM_THREADS", *gpus.BLAS_THREADS_ENV):
+    for name in gpus.THREADS_ENV:
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-q", "test_blas.py"],
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-q", "test_share.py"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
