@@ -267,6 +267,52 @@ def _device_busy(events) -> tuple[Counter, Counter]:
     return by_stage, by_kernel
 
 
+# ---- draws ----------------------------------------------------------------------------------
+
+
+def draw_floor(sizes: str, examples: int) -> float:
+    """Milliseconds per example of Hypothesis drawing the suite's decode cases of ``sizes`` into an empty body,
+    with the gpu profile's phases but no database and no target: generation's floor in one process."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from gqa_decode_fuzz.generation.strategies import decode_cases
+    from gqa_decode_fuzz.runner.profiles import CASE_SIZES
+
+    drawn = []
+
+    @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=decode_cases(limits=CASE_SIZES[sizes]))
+    def empty_body(case):
+        drawn.append(case.batch)
+
+    empty_body()  # a warm-up: the strategies built, the imports done
+    drawn.clear()
+    start = time.perf_counter()
+    empty_body()
+    return 1e3 * (time.perf_counter() - start) / len(drawn)
+
+
+def run_draws(options) -> dict:
+    """``draw_floor`` in ``--workers`` processes at once (one thread each, as the suite's workers), then alone."""
+    import multiprocessing
+
+    sizes = options.case_sizes or "large"
+    workers = os.cpu_count() if options.workers == "auto" else int(options.workers)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    context = multiprocessing.get_context("spawn")
+    rows = []
+    for processes in sorted({1, workers}):
+        with context.Pool(processes) as pool:
+            rows.append((processes, pool.starmap(draw_floor, [(sizes, options.examples)] * processes)))
+    print(f"generation's floor: Hypothesis drawing decode cases ({sizes} sizes) into an empty body, "
+          f"{options.examples} examples per process")
+    print(f"{'processes':>10}{'median ms':>11}{'min ms':>8}{'max ms':>8}")
+    for processes, spent in rows:
+        print(f"{processes:>10}{median(spent):>11.3f}{min(spent):>8.3f}{max(spent):>8.3f}")
+    return {"sizes": sizes, "examples": options.examples, "ms_per_example": {str(n): ms for n, ms in rows}}
+
+
 # ---- scaling --------------------------------------------------------------------------------
 
 
@@ -538,16 +584,18 @@ def run_startup(options) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("stages", "syncs", "launches", "scaling", "startup", "isolation"))
+    parser.add_argument("mode", choices=("stages", "syncs", "launches", "draws", "scaling", "startup",
+                                         "isolation"))
     parser.add_argument("--impl", default=DEFAULT_IMPL,
                         help="implementation under test (as --impl; default the suite's own kernel, which runs "
                              "in-process as in the plain command: any other spelling of it is isolated)")
     parser.add_argument("--out", default=None, help="directory for the JSON results")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
                         help="stages: where to run (default cuda); startup: --device (default auto)")
-    parser.add_argument("--examples", type=int, default=400, help="stages, syncs, launches: examples to run")
+    parser.add_argument("--examples", type=int, default=400,
+                        help="stages, syncs, launches: examples to run; draws: per process")
     parser.add_argument("--case-sizes", choices=("small", "large"), default=None,
-                        help="stages, syncs: case size limits")
+                        help="stages, syncs, draws: case size limits")
     parser.add_argument("--gpus", default="1,2", help="scaling: GPU counts to compare, first is the baseline")
     parser.add_argument("--max-examples", type=int, default=None,
                         help="scaling: examples per property (default: the profile's)")
@@ -563,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None,
                         help="scaling: runs per GPU count (default 1; the first may be cold); startup: runs (5)")
     parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling, startup: test paths")
-    parser.add_argument("--workers", default="2", help="startup, isolation: -n (a number or auto)")
+    parser.add_argument("--workers", default="2",
+                        help="startup, isolation: -n (a number or auto); draws: processes at once")
     parser.add_argument("--select", default="test_batch_zero_gives_empty_results",
                         help="startup: -k expression; a quick test, so that the runs end soon after it starts")
     parser.add_argument("--report", action="store_true",
@@ -581,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     if options.examples < 1 or (options.max_examples or 1) < 1 or options.repeat < 1:
         parser.error("--examples, --max-examples and --repeat must be positive")
     modes = {"stages": run_stages, "syncs": run_syncs, "launches": run_launches, "scaling": run_scaling,
-             "startup": run_startup, "isolation": run_isolation}
+             "startup": run_startup, "isolation": run_isolation, "draws": run_draws}
     result = modes[options.mode](options)
     if options.out:
         Path(options.out).mkdir(parents=True, exist_ok=True)
