@@ -55,8 +55,9 @@
 #                                            # default 120), root causes included; FlashInfer compiled first when
 #                                            # named; a digest of each report (benchmarks/report_digest.py);
 #                                            # PROBE_LIMIT s (default 150) after the budget for the tests in flight
-#                                            # and the cause probes (up to a second per failing property, 300 s
-#                                            # at most): a step cut in the probes leaves its report without causes;
+#                                            # (a failing one shrinks), the cause probes (within the budget, or 30 s
+#                                            # past it) and the report: a step cut before the probes end leaves its
+#                                            # report without causes;
 #                                            # SANITIZER_SHRINK=SECONDS: a sanitized failure shrinks beside them;
 #                                            # PYTEST_ARGS: more options for each entry's run (-k EXPR, a file)
 #   bash benchmarks/gpu_session.sh sweep     # the production sweep's way (docs/findings.md): ENTRIES="NAME=IMPL ..."

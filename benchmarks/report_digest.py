@@ -61,11 +61,13 @@ def digest(folder: Path) -> list[str]:
         row = per_definition[name]
         lines.append(f"| {name} | {row['passed']} | {row['examples']} | {row['unstarted']} | "
                      f"{'; '.join(sorted(set(row['other'])))} |")
-    return lines + ["", _in_all(per_definition, len(found.get("causes", []))), ""]
+    unprobed = sum((cause.get("note") or "").startswith("not probed") for cause in found.get("causes", []))
+    return lines + ["", _in_all(per_definition, len(found.get("causes", [])), unprobed), ""]
 
 
-def _in_all(per_definition: dict[str, dict], causes: int) -> str:
-    """One line for a findings table's row: definitions, examples per definition, what did not run or pass."""
+def _in_all(per_definition: dict[str, dict], causes: int, unprobed: int = 0) -> str:
+    """One line for a findings table's row: definitions, examples per definition, what did not run or pass, and
+    the root causes (``unprobed`` of them failures the probes' budget left ungrouped, each a cause of its own)."""
     rows = list(per_definition.values())
     if not rows:
         return "In all: no property ran."
@@ -75,7 +77,7 @@ def _in_all(per_definition: dict[str, dict], causes: int) -> str:
     return (f"In all: {len(rows)} definitions, {sum(row['passed'] for row in rows)} properties passed over "
             f"{sum(examples)} examples ({examples[0]} to {examples[-1]} per definition); "
             f"properties left unstarted by the time budget: {unstarted}; not passed: {not_passed}; "
-            f"root causes: {causes}.")
+            f"root causes: {causes}" + (f", {unprobed} of them failures left unprobed" if unprobed else "") + ".")
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ guarded implementation, each with its property's draws:
    and the cause lists each corruption.
 
 Every probe counts against one budget (``Budget.for_failures``: 40 probes and 60 s, or six probes
-and a second per failure where there are more, at most 300 s); what was tried is
+and a second per failure where there are more, at most 300 s, and within what a run's --time-budget has
+left, or 30 s past it; a failure left unprobed is a cause of its own, marked so); what was tried is
 kept and reported; a claim that does not apply to a probe's case leaves it undecided.
 Crashed properties are not probed where the implementation runs in-process (a fault would
 poison this process's CUDA context; an isolated child's fault is an ordinary failure, probed)
@@ -146,6 +147,9 @@ def _moved(case: Case, **fields: Any) -> Case:
     return replace(case, **fields)
 
 
+SECONDS_PAST_A_TIME_BUDGET = 30.0  # probing that a run's --time-budget may still get once it is spent
+
+
 @dataclass
 class Budget:
     """At most ``probes`` replays and ``seconds`` of them in all."""
@@ -156,10 +160,15 @@ class Budget:
     spent: float = 0.0
 
     @classmethod
-    def for_failures(cls, count: int) -> Budget:
+    def for_failures(cls, count: int, seconds_left: float | None = None) -> Budget:
         """A budget that grows with the failures to group (a family run fails a property once per definition):
-        six probes and one second per failure, at least the defaults, at most 300 s."""
-        return cls(probes=max(cls.probes, 6 * count), seconds=min(300.0, max(cls.seconds, float(count))))
+        six probes and one second per failure, at least the defaults, at most 300 s. ``seconds_left``: what a
+        run's --time-budget has left, which the probes keep to, but for ``SECONDS_PAST_A_TIME_BUDGET`` (a run
+        that spent its budget still groups its simplest failures)."""
+        seconds = min(300.0, max(cls.seconds, float(count)))
+        if seconds_left is not None:
+            seconds = min(seconds, max(SECONDS_PAST_A_TIME_BUDGET, seconds_left))
+        return cls(probes=max(cls.probes, 6 * count), seconds=seconds)
 
     def left(self) -> bool:
         return self.used < self.probes and self.spent < self.seconds

@@ -150,7 +150,8 @@ _OPTIONS = (
      "run one example in --sanitize-every in a child under compute-sanitizer --tool TOOL (GPU; needs isolation)"),
     ("--time-budget", "GQA_DECODE_TIME_BUDGET", None, positive_int, None, "SECONDS",
      "start no test once SECONDS have passed since the run began: the rest are reported as not started, and the "
-     "failures found so far are still grouped into root causes (a test that has started runs to its end)"),
+     "failures found so far are still grouped into root causes, probing within what is left of SECONDS or for 30 s "
+     "past it (a test that has started runs to its end)"),
     ("--sanitize-every", "GQA_DECODE_SANITIZE_EVERY", str(isolation.SANITIZE_EVERY), positive_int, None, "N",
      "with --sanitize: about one example in N runs under the sanitizer"),
 )

@@ -585,12 +585,14 @@ class SuiteRun:
                                       isolated=state.plan.isolated, knobs=tuple(state.target.knobs))
 
     def _find_causes(self, failures: list) -> dict:
-        """``failures`` grouped into root causes by probing (``causes``), in the process that reports the run. No
-        probes once the CUDA context is lost."""
+        """``failures`` grouped into root causes by probing (``causes``), in the process that reports the run,
+        within what the --time-budget has left (``causes.Budget.for_failures``). No probes once the CUDA context
+        is lost."""
         state = self.state
         release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
-        prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract,
-                               budget=causes.Budget.for_failures(len(failures)), release=release)
+        deadline = state.plan.deadline
+        budget = causes.Budget.for_failures(len(failures), None if deadline is None else deadline - time.time())
+        prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract, budget=budget, release=release)
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True

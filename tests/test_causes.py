@@ -131,6 +131,13 @@ def test_the_budget_bounds_the_probes_and_the_report_says_so():
     assert lines[-1].startswith("(grouped by 3 probes of at most 3") and "budget spent" in lines[-1]
 
 
+def test_a_time_budget_bounds_the_probes_but_leaves_the_simplest_failures_some():
+    assert Budget.for_failures(1000) == Budget(probes=6000, seconds=300.0)
+    assert Budget.for_failures(1000, seconds_left=100.0).seconds == 100.0
+    assert Budget.for_failures(1000, seconds_left=-5.0).seconds == causes.SECONDS_PAST_A_TIME_BUDGET
+    assert Budget.for_failures(2, seconds_left=1000.0).seconds == Budget.seconds
+
+
 def test_failures_of_run_reads_case_files_and_adds_caseless_failures(tmp_path):
     from gqa_decode_fuzz.generation.cases import build
     from gqa_decode_fuzz.record import casefiles

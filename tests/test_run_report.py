@@ -9,6 +9,7 @@ import pytest
 
 from gqa_decode_fuzz.generation.cases import DecodeCase
 from gqa_decode_fuzz.record import run_report
+from gqa_decode_fuzz.record.causes import SECONDS_PAST_A_TIME_BUDGET
 from tests.pytest_runs import clean_environment, run_pytest
 
 COUNTER = run_report.ItemCounter()
@@ -240,6 +241,8 @@ def test_a_time_budget_stops_starting_tests_and_still_finds_the_causes(tmp_path)
     (report,) = (tmp_path / "reports").glob("*/report.md")
     assert re.search(r"\*\*FAILED: 1 of \d+ properties failed, \d+ skipped; [5-9] items not started \(time budget",
                      report.read_text()), report.read_text()
+    (found,) = (tmp_path / "reports").glob("*/causes.json")
+    assert json.loads(found.read_text())["probes"]["seconds_limit"] == SECONDS_PAST_A_TIME_BUDGET  # the budget spent
 
 
 def test_the_verdicts_are_written_before_the_probes_start(tmp_path):
