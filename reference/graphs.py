@@ -27,10 +27,13 @@ from typing import Generic, TypeVar
 
 import torch
 
-__all__ = ["ENABLED_ENV", "POOL_SHARE", "Captured", "GraphCache", "graphs_enabled", "release_all"]
+__all__ = ["CAPTURE_ABOVE_FREE", "ENABLED_ENV", "POOL_SHARE", "Captured", "GraphCache", "graphs_enabled", "release_all"]
 
 ENABLED_ENV = "GQA_DECODE_ORACLE_GRAPHS"
 POOL_SHARE = 1 / 32  # of a device's memory, that one process's captures may take there before they are forgotten
+# Free memory (the driver's count, a share of the device's) below which no capture starts: one that runs out of memory
+# mid-way aborts the whole process (an H100's worker, sweeping the decode family: docs/gpu.md section 45).
+CAPTURE_ABOVE_FREE = 0.10
 _CACHES: weakref.WeakSet[GraphCache] = weakref.WeakSet()
 
 Inputs = TypeVar("Inputs", bound=tuple)
@@ -103,7 +106,9 @@ class GraphCache(Generic[Inputs, Outputs]):
         (which may be shared with other keys' captures: each replay reads what was filled just before it).
 
         None where capturing failed (a driver or an operation that refuses it): the caller computes eagerly, as
-        with graphs off, after one warning per key. A fault that killed the context is raised, not hidden.
+        with graphs off, after one warning per key. None, too, while the device is nearly full
+        (``CAPTURE_ABOVE_FREE``): computed eagerly this time, captured at a later use. A fault that killed the
+        context is raised, not hidden.
         """
         with self._lock:
             full_key = (device, key)
@@ -111,6 +116,9 @@ class GraphCache(Generic[Inputs, Outputs]):
                 with torch.cuda.device(device):
                     if self._held.get(device, 0) >= POOL_SHARE * torch.cuda.get_device_properties(device).total_memory:
                         self._forget(device)
+                    free, total = torch.cuda.mem_get_info(device)
+                    if free < CAPTURE_ABOVE_FREE * total:
+                        return None
                     self._captured[full_key] = self._capture(device, key, make_inputs)
             return self._captured[full_key]
 

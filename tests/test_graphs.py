@@ -22,6 +22,7 @@ class _Capture:
     size = 0
     reserved = 0
     emptied = 0
+    free = TOTAL  # the driver's count of free memory
 
     def __init__(self, function, inputs, pool, *, warm_up):
         if _Capture.fail:
@@ -40,7 +41,9 @@ def cache(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: _Capture.reserved)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=TOTAL))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: setattr(_Capture, "emptied", _Capture.emptied + 1))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (_Capture.free, TOTAL))
     _Capture.made, _Capture.fail, _Capture.size, _Capture.reserved, _Capture.emptied = [], False, 0, 0, 0
+    _Capture.free = TOTAL
     return graphs.GraphCache(lambda inputs: inputs)
 
 
@@ -100,17 +103,27 @@ def test_every_cache_forgets_its_captures_when_the_gpu_runs_short(cache, monkeyp
 
     gpu = torch.device("cuda", 0)
     cache.get(gpu, (1, 16), tuple)
-    free = [TOTAL // 2]
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], TOTAL))
+    _Capture.free = TOTAL // 2
     assert not devices.release_cache_if_short(gpu) and len(cache) == 1  # half free: kept
-    free[0] = TOTAL // 8
+    _Capture.free = TOTAL // 8
     assert devices.release_cache_if_short(gpu) and len(cache) == 1  # short: torch's cache emptied, graphs kept
     assert devices.release_cache_if_short(gpu, wanted=True) and len(cache) == 0  # another process waits
     cache.get(gpu, (1, 16), tuple)
-    free[0] = TOTAL // 16
+    _Capture.free = TOTAL // 16
     assert devices.release_cache_if_short(gpu) and len(cache) == 0  # nearly full
+    _Capture.free = TOTAL // 2
     cache.get(gpu, (1, 16), tuple)
     graphs.release_all()
     assert len(cache) == 0
     cache.get(gpu, (1, 16), tuple)
     assert _Capture.made == [True, False, False, False]  # forgotten, not cold: one warm-up in all
+
+
+def test_no_capture_starts_on_a_nearly_full_device_and_the_key_is_captured_once_there_is_room(cache):
+    """A capture that ran out of memory mid-way aborted a worker (an H100 over the decode family): the work is
+    computed eagerly while the device is nearly full, and captured at a later use."""
+    gpu = torch.device("cuda", 0)
+    _Capture.free = int(graphs.CAPTURE_ABOVE_FREE * TOTAL) - 1
+    assert cache.get(gpu, (4, 48), tuple) is None and _Capture.made == [] and len(cache) == 0
+    _Capture.free = TOTAL // 2
+    assert cache.get(gpu, (4, 48), tuple) is not None and _Capture.made == [True]
