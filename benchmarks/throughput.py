@@ -3,6 +3,7 @@
     python benchmarks/throughput.py stages  [--device cuda] [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py syncs   [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py launches [--examples 400] [--case-sizes large] [--out DIR]
+    python benchmarks/throughput.py draws   [--examples 1000] [--workers 12] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py scaling [--gpus 1,2] [--workers-per-gpu auto|4,8,16] [--max-examples N]
                                             [--mps auto,off] [--shards auto,4] [--repeat 2] [--no-warmup] [--out DIR]
     python benchmarks/throughput.py startup [--device cpu|cuda|auto] [--workers 2|auto] [--repeat 5]
@@ -27,6 +28,11 @@ kernels the graph holds), copies and fills. Under time-slicing each is a turn on
 prints the device's busy time per example and stage (the kernels, copies and fills those calls gave it, timed by
 the profiler) and the busiest kernels by name: where workers share a GPU that is busy most of the time, that
 time, summed over the workers, is what bounds examples/s.
+
+``draws`` times generation's floor: Hypothesis drawing the suite's decode cases (``--case-sizes``, default
+large) into an empty body, ``--examples`` per process, in one process and in ``--workers`` processes at once
+(one thread each, as the suite's workers on a shared CPU). No GPU is used. Compare it with the plain run's
+generation (the line under its stage table): what lies above the floor is the suite's own work between examples.
 
 ``scaling`` runs the property suite with a fixed number of examples per property
 (``--max-examples``), once on the first GPU and once on the first two
