@@ -535,18 +535,35 @@ def _decided_by_draws(reference: str) -> bool:
         return False
 
 
+def _left_unprobed(unprobed: dict[str, Cause], causes: list[Cause], failure: Failure, stopped: str) -> None:
+    """``failure``, which probing never reached, listed with its test function's others (a widely failing kernel
+    leaves a thousand: one entry per property, not one per failure, keeps the report readable)."""
+    function = failure.prop.partition("[")[0]
+    if function in unprobed:
+        unprobed[function].members.append((failure, "the same test function, not probed either"))
+        return
+    unprobed[function] = Cause(failure, note=f"not probed: {stopped} (this property's unprobed failures together, "
+                                             "not grouped by cause)")
+    causes.append(unprobed[function])
+
+
 def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
     """Group ``failures`` into causes by probing (see the module docstring); the causes in the order found:
     those probed first (simplest representative first), then crashes and failures without a case."""
     causes: list[Cause] = []
     by_draws: dict[Any, Cause] = {}  # a claim its draws decide -> its cause that needs nothing of the case
+    unprobed: dict[str, Cause] = {}  # by test function: its failures left once probing stopped
     waiting = sorted((f for f in failures if f.probeable), key=_simplicity)
     while waiting:
         rep, rest = waiting[0], waiting[1:]
         reproduced = prober.fails(rep, rep.case)
+        if reproduced is None and prober.stopped:
+            _left_unprobed(unprobed, causes, rep, prober.stopped)
+            waiting = rest
+            continue
         if not reproduced:
             note = ("its own check passed on its case when probed (the property relates several calls or draws "
-                    "beyond the case)" if reproduced is False else f"not probed: {prober.stopped}")
+                    "beyond the case)" if reproduced is False else "not probed: the probe could not decide")
             causes.append(Cause(rep, note=note))
             waiting = rest
             continue
@@ -675,7 +692,9 @@ def summary_lines(saved: dict | None) -> list[str]:
     if not saved or not saved["causes"]:
         return []
     causes = saved["causes"]
-    lines = [f"{len(causes)} distinct failure{'s' if len(causes) != 1 else ''}"]
+    unprobed = sum((cause.get("note") or "").startswith("not probed") for cause in causes)
+    lines = [f"{len(causes)} distinct failure{'s' if len(causes) != 1 else ''}"
+             + (f" ({unprobed} of them failures not probed, one entry per property)" if unprobed else "")]
     for number, cause in enumerate(causes, 1):
         rep = cause["representative"]
         lines.append(f"{number}. {cause['summary']}: {len(cause['properties'])} propert"

@@ -127,8 +127,23 @@ def test_the_budget_bounds_the_probes_and_the_report_says_so():
     assert prober.budget.used == 3 and "budget spent" in prober.stopped
     assert any(cause.note.startswith("not probed: budget spent") for cause in found)
     lines = causes.summary_lines(causes.as_json(found, prober))
-    assert lines[0] == f"{len(found)} distinct failures"
+    unprobed = sum(cause.note.startswith("not probed") for cause in found)
+    assert lines[0] == (f"{len(found)} distinct failures ({unprobed} of them failures not probed, one entry per "
+                        "property)")
     assert lines[-1].startswith("(grouped by 3 probes of at most 3") and "budget spent" in lines[-1]
+
+
+def test_failures_left_unprobed_are_one_entry_per_property_not_one_per_failure():
+    """A widely failing kernel leaves a thousand failures once the probes' budget is spent (FlashInfer over the
+    decode family): each property's are listed together, under a note that they were not grouped by cause."""
+    scales = [Failure(f"{SCALES}[shard{n}of4]", f"{n}.pt", "AssertionError", case=DecodeCase(lengths=(n,), scale=-1.0))
+              for n in range(1, 5)]
+    bound = Failure(BOUND, "b.pt", "AssertionError", case=DecodeCase(lengths=(1,), scale=0.0))
+    prober = _prober(nonpositive_scale_nan, probes=0)
+    found = find_causes([*scales, bound], prober)
+    assert [sorted(cause.properties) for cause in found] == [[BOUND], sorted(f.prop for f in scales)]
+    assert all(cause.note.startswith("not probed: budget spent") and "not grouped by cause" in cause.note
+               for cause in found)
 
 
 def test_a_time_budget_bounds_the_probes_but_leaves_the_simplest_failures_some():
