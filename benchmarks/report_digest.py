@@ -67,7 +67,7 @@ def digest(folder: Path) -> list[str]:
 
 def _in_all(per_definition: dict[str, dict], causes: int, unprobed: int = 0) -> str:
     """One line for a findings table's row: definitions, examples per definition, what did not run or pass, and
-    the root causes (``unprobed`` of them failures the probes' budget left ungrouped, each a cause of its own)."""
+    the root causes (``unprobed`` of them the failures the probes' budget left, one entry per property)."""
     rows = list(per_definition.values())
     if not rows:
         return "In all: no property ran."
@@ -77,7 +77,8 @@ def _in_all(per_definition: dict[str, dict], causes: int, unprobed: int = 0) -> 
     return (f"In all: {len(rows)} definitions, {sum(row['passed'] for row in rows)} properties passed over "
             f"{sum(examples)} examples ({examples[0]} to {examples[-1]} per definition); "
             f"properties left unstarted by the time budget: {unstarted}; not passed: {not_passed}; "
-            f"root causes: {causes}" + (f", {unprobed} of them failures left unprobed" if unprobed else "") + ".")
+            f"root causes: {causes}"
+            + (f", {unprobed} of them failures left unprobed, one entry per property" if unprobed else "") + ".")
 
 
 def main() -> None:

@@ -44,4 +44,5 @@ def test_the_findings_row_says_how_many_causes_are_failures_left_unprobed(tmp_pa
               "causes": {"causes": [{**unprobed, "note": None}, unprobed, unprobed]}}
     (tmp_path / "report.json").write_text(json.dumps(report), encoding="utf-8")
     (tmp_path / "report.md").write_text("**FAILED: 1 of 1 properties failed**\n", encoding="utf-8")
-    assert report_digest.digest(tmp_path)[-2].endswith("root causes: 3, 2 of them failures left unprobed.")
+    assert report_digest.digest(tmp_path)[-2].endswith(
+        "root causes: 3, 2 of them failures left unprobed, one entry per property.")
