@@ -151,22 +151,39 @@ def decode_cases(
         lengths=lengths_for,
         min_empty=min_empty,
         shared=SharedFields.of(page_layouts, pool_fills, values, sm_scales, min_spare_pages, limits.max_spare_pages),
-        q_layout=st.sampled_from(q_layouts),
-        kv_layout=st.sampled_from(kv_layouts),
-        index_layout=st.sampled_from(index_layouts),
+        q_layout=Choice.of(q_layouts),
+        kv_layout=Choice.of(kv_layouts),
+        index_layout=Choice.of(index_layouts),
     )
     return _draw_case(fields)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One descriptor field's allowed values, drawn only where there are several: a lone value costs no draw (a
+    draw that makes no choice still costs Hypothesis about 20 µs, and most properties allow one layout)."""
+
+    options: tuple[str, ...]
+    strategy: st.SearchStrategy[str]
+
+    @classmethod
+    def of(cls, options: tuple[str, ...]) -> Choice:
+        return cls(tuple(options), st.sampled_from(options))
+
+    def drawn(self, draw: Callable) -> str:
+        """The value, drawn (inside an ``st.composite``'s ``draw``) unless there is only one."""
+        return self.options[0] if len(self.options) == 1 else draw(self.strategy)
 
 
 @dataclass(frozen=True)
 class SharedFields:
     """One strategy per descriptor field that decode and prefill cases share, drawn in this order (``draw_shared``)."""
 
-    page_layout: st.SearchStrategy[str]
+    page_layout: Choice
     spare_pages: st.SearchStrategy[int]
-    pool_fill: st.SearchStrategy[str]
+    pool_fill: Choice
     scale: st.SearchStrategy[float | None]
-    values: st.SearchStrategy[str]
+    values: Choice
     seed: st.SearchStrategy[int]
 
     @classmethod
@@ -174,15 +191,15 @@ class SharedFields:
            sm_scales: st.SearchStrategy[float | None] | None, min_spare_pages: int, max_spare_pages: int,
            ) -> SharedFields:
         """The strategies for the given choices (``sm_scales`` None: ``scales()``)."""
-        return cls(page_layout=st.sampled_from(page_layouts), spare_pages=st.integers(min_spare_pages, max_spare_pages),
-                   pool_fill=st.sampled_from(pool_fills), scale=scales() if sm_scales is None else sm_scales,
-                   values=st.sampled_from(values), seed=st.integers(0, 2**32 - 1))
+        return cls(page_layout=Choice.of(page_layouts), spare_pages=st.integers(min_spare_pages, max_spare_pages),
+                   pool_fill=Choice.of(pool_fills), scale=scales() if sm_scales is None else sm_scales,
+                   values=Choice.of(values), seed=st.integers(0, 2**32 - 1))
 
 
 def draw_shared(draw: Callable, fields: SharedFields) -> dict[str, object]:
     """The shared descriptor fields of one case, drawn (inside an ``st.composite``'s ``draw``) in their order."""
-    return {"page_layout": draw(fields.page_layout), "spare_pages": draw(fields.spare_pages),
-            "pool_fill": draw(fields.pool_fill), "scale": draw(fields.scale), "values": draw(fields.values),
+    return {"page_layout": fields.page_layout.drawn(draw), "spare_pages": draw(fields.spare_pages),
+            "pool_fill": fields.pool_fill.drawn(draw), "scale": draw(fields.scale), "values": fields.values.drawn(draw),
             "seed": draw(fields.seed)}
 
 
@@ -193,9 +210,9 @@ class _CaseFields:
     lengths: Callable[[int], st.SearchStrategy[list[int]]]  # by page size
     min_empty: int
     shared: SharedFields
-    q_layout: st.SearchStrategy[str]
-    kv_layout: st.SearchStrategy[str]
-    index_layout: st.SearchStrategy[str]
+    q_layout: Choice
+    kv_layout: Choice
+    index_layout: Choice
 
 
 @st.composite
@@ -208,8 +225,8 @@ def _draw_case(draw, fields: _CaseFields) -> DecodeCase:
     return DecodeCase(
         lengths=tuple(lengths),
         **draw_shared(draw, fields.shared),
-        q_layout=draw(fields.q_layout),
-        kv_layout=draw(fields.kv_layout),
-        index_layout=draw(fields.index_layout),
+        q_layout=fields.q_layout.drawn(draw),
+        kv_layout=fields.kv_layout.drawn(draw),
+        index_layout=fields.index_layout.drawn(draw),
         definition=definition.name,
     )
