@@ -4,7 +4,9 @@
 
 Per run: the verdict line, each root cause (what it needs, how many properties, its minimal case and replay), and
 per definition the examples of passing properties, how many properties the time budget left unstarted, and the
-properties that did not pass; then one line over all definitions (a findings table's row).
+properties that did not pass; then one line over all definitions (a findings table's row), and where the items'
+time went: the share of it that the properties that did not pass took (a failing property shrinks, so a widely
+failing kernel's run covers fewer items in its budget).
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ def digest(folder: Path) -> list[str]:
         lines.append(f"probes: {probes['used']} of {probes['limit']}, {probes['seconds']} s; "
                      f"stopped: {probes['stopped']}")
     per_definition: dict[str, dict] = defaultdict(lambda: {"examples": 0, "passed": 0, "unstarted": 0, "other": []})
+    seconds = {"all": 0.0, "not passed": 0.0}
     for prop, entry in report.items():
         if not isinstance(entry, dict) or "verdict" not in entry:
             continue
+        seconds["all"] += entry.get("seconds") or 0.0
+        if entry["verdict"] not in ("passed", "skipped"):
+            seconds["not passed"] += entry.get("seconds") or 0.0
         row = per_definition[_definition(prop)]
         unstarted = entry.get("unstarted_shards") or 0
         if entry["verdict"] == "passed":
@@ -62,7 +68,15 @@ def digest(folder: Path) -> list[str]:
         lines.append(f"| {name} | {row['passed']} | {row['examples']} | {row['unstarted']} | "
                      f"{'; '.join(sorted(set(row['other'])))} |")
     unprobed = sum((cause.get("note") or "").startswith("not probed") for cause in found.get("causes", []))
-    return lines + ["", _in_all(per_definition, len(found.get("causes", [])), unprobed), ""]
+    return lines + ["", _in_all(per_definition, len(found.get("causes", [])), unprobed), "", _time_line(seconds), ""]
+
+
+def _time_line(seconds: dict[str, float]) -> str:
+    """Where the items' time went: all of it (summed over the workers), and the share of the properties that did not
+    pass."""
+    share = seconds["not passed"] / seconds["all"] if seconds["all"] else 0.0
+    return (f"Items' time: {seconds['all']:.0f} s over the workers, {seconds['not passed']:.0f} s ({100 * share:.0f}%) "
+            "in the properties that did not pass.")
 
 
 def _in_all(per_definition: dict[str, dict], causes: int, unprobed: int = 0) -> str:

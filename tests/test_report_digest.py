@@ -12,15 +12,15 @@ _SPEC.loader.exec_module(report_digest)
 PS1, PS64 = "gqa_paged_decode_h32_kv4_d128_ps1", "gqa_paged_decode_h32_kv4_d128_ps64"
 
 
-def _entry(verdict: str, examples: int, unstarted: int = 0) -> dict:
-    return {"verdict": verdict, "examples": examples, "items": 12, "unstarted_shards": unstarted}
+def _entry(verdict: str, examples: int, unstarted: int = 0, seconds: float = 0.0) -> dict:
+    return {"verdict": verdict, "examples": examples, "items": 12, "unstarted_shards": unstarted, "seconds": seconds}
 
 
 def test_the_digest_counts_per_definition_and_ends_with_a_findings_row(tmp_path):
     report = {
-        f"properties/test_decode.py::test_central[{PS1}]": _entry("passed", 300),
-        f"properties/test_decode.py::test_scales[{PS1}]": _entry("failed", 5),
-        f"properties/test_decode.py::test_central[{PS64}]": _entry("passed", 280),
+        f"properties/test_decode.py::test_central[{PS1}]": _entry("passed", 300, seconds=10.0),
+        f"properties/test_decode.py::test_scales[{PS1}]": _entry("failed", 5, seconds=30.0),
+        f"properties/test_decode.py::test_central[{PS64}]": _entry("passed", 280, seconds=10.0),
         f"properties/test_decode.py::test_scales[{PS64}]": _entry("skipped", 0, unstarted=12),
         "causes": {"causes": [{"summary": "scale <= 0, any length", "properties": ["a", "b"],
                                "representative": {"case": "DecodeCase(lengths=(1,), scale=0.0)", "definition": PS1,
@@ -33,8 +33,9 @@ def test_the_digest_counts_per_definition_and_ends_with_a_findings_row(tmp_path)
     assert "1. scale <= 0, any length (2 properties)" in lines
     assert f"| {PS1} | 1 | 300 | 0 | scales failed |" in lines
     assert f"| {PS64} | 1 | 280 | 1 |  |" in lines
-    assert lines[-2] == ("In all: 2 definitions, 2 properties passed over 580 examples (280 to 300 per definition); "
+    assert lines[-4] == ("In all: 2 definitions, 2 properties passed over 580 examples (280 to 300 per definition); "
                          "properties left unstarted by the time budget: 1; not passed: 1; root causes: 1.")
+    assert lines[-2] == "Items' time: 50 s over the workers, 30 s (60%) in the properties that did not pass."
 
 
 def test_the_findings_row_says_how_many_causes_are_failures_left_unprobed(tmp_path):
@@ -44,5 +45,5 @@ def test_the_findings_row_says_how_many_causes_are_failures_left_unprobed(tmp_pa
               "causes": {"causes": [{**unprobed, "note": None}, unprobed, unprobed]}}
     (tmp_path / "report.json").write_text(json.dumps(report), encoding="utf-8")
     (tmp_path / "report.md").write_text("**FAILED: 1 of 1 properties failed**\n", encoding="utf-8")
-    assert report_digest.digest(tmp_path)[-2].endswith(
+    assert report_digest.digest(tmp_path)[-4].endswith(
         "root causes: 3, 2 of them failures left unprobed, one entry per property.")
