@@ -47,9 +47,10 @@ def digest(folder: Path) -> list[str]:
     for prop, entry in report.items():
         if not isinstance(entry, dict) or "verdict" not in entry:
             continue
-        seconds["all"] += entry.get("seconds") or 0.0
+        spent = entry.get("seconds") or 0.0
+        seconds["all"] += spent
         if entry["verdict"] not in ("passed", "skipped"):
-            seconds["not passed"] += entry.get("seconds") or 0.0
+            seconds["not passed"] += spent
         row = per_definition[_definition(prop)]
         unstarted = entry.get("unstarted_shards") or 0
         if entry["verdict"] == "passed":
@@ -67,7 +68,7 @@ def digest(folder: Path) -> list[str]:
         row = per_definition[name]
         lines.append(f"| {name} | {row['passed']} | {row['examples']} | {row['unstarted']} | "
                      f"{'; '.join(sorted(set(row['other'])))} |")
-    unprobed = sum((cause.get("note") or "").startswith("not probed") for cause in found.get("causes", []))
+    unprobed = sum(bool(cause.get("unprobed")) for cause in found.get("causes", []))
     return lines + ["", _in_all(per_definition, len(found.get("causes", [])), unprobed), "", _time_line(seconds), ""]
 
 

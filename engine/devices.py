@@ -32,6 +32,7 @@ DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the CUDA driver's default, whe
 RELEASE_CACHE_BELOW_FREE = 0.25
 # Below this share it also forgets the oracle's captured graphs, which are in use and cost a capture each to make
 # again: only when the GPU is nearly full (or another process waits for memory), not at every example of a busy one.
+# The same share below which no capture starts (``reference.graphs.CAPTURE_ABOVE_FREE``).
 RELEASE_GRAPHS_BELOW_FREE = 0.10
 
 

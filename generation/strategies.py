@@ -161,7 +161,7 @@ def decode_cases(
 @dataclass(frozen=True)
 class Choice:
     """One descriptor field's allowed values, drawn only where there are several: a lone value costs no draw (a
-    draw that makes no choice still costs Hypothesis about 20 µs, and most properties allow one layout)."""
+    draw that makes no choice still costs Hypothesis its bookkeeping, and most properties allow one layout)."""
 
     options: tuple[str, ...]
     strategy: st.SearchStrategy[str]

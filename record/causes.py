@@ -258,6 +258,7 @@ class Cause:
     free: list[str] = field(default_factory=list)  # "any length", "any seed"
     members: list[tuple[Failure, str]] = field(default_factory=list)  # another property, and why it joined
     note: str = ""  # why this cause was not probed or not grouped
+    unprobed: bool = False  # a property's failures that probing never reached, listed together, not grouped by cause
 
     @property
     def summary(self) -> str:
@@ -274,6 +275,7 @@ class Cause:
         rep = self.representative
         return {
             "summary": self.summary, "needs": self.needs, "free": self.free, "note": self.note,
+            "unprobed": self.unprobed,
             "properties": self.properties,
             "representative": _failure_json(rep),
             "members": [{**_failure_json(member), "joined": why} for member, why in self.members],
@@ -543,7 +545,7 @@ def _left_unprobed(unprobed: dict[str, Cause], causes: list[Cause], failure: Fai
         unprobed[function].members.append((failure, "the same test function, not probed either"))
         return
     unprobed[function] = Cause(failure, note=f"not probed: {stopped} (this property's unprobed failures together, "
-                                             "not grouped by cause)")
+                                             "not grouped by cause)", unprobed=True)
     causes.append(unprobed[function])
 
 
@@ -692,7 +694,7 @@ def summary_lines(saved: dict | None) -> list[str]:
     if not saved or not saved["causes"]:
         return []
     causes = saved["causes"]
-    unprobed = sum((cause.get("note") or "").startswith("not probed") for cause in causes)
+    unprobed = sum(bool(cause.get("unprobed")) for cause in causes)
     lines = [f"{len(causes)} distinct failure{'s' if len(causes) != 1 else ''}"
              + (f" ({unprobed} of them failures not probed, one entry per property)" if unprobed else "")]
     for number, cause in enumerate(causes, 1):

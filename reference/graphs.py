@@ -32,7 +32,8 @@ __all__ = ["CAPTURE_ABOVE_FREE", "ENABLED_ENV", "POOL_SHARE", "Captured", "Graph
 ENABLED_ENV = "GQA_DECODE_ORACLE_GRAPHS"
 POOL_SHARE = 1 / 32  # of a device's memory, that one process's captures may take there before they are forgotten
 # Free memory (the driver's count, a share of the device's) below which no capture starts: one that runs out of memory
-# mid-way aborts the whole process (an H100's worker, sweeping the decode family: docs/gpu.md section 45).
+# mid-way aborts the whole process (an H100's worker, sweeping the decode family: docs/gpu.md section 45). The share
+# below which engine.devices forgets every capture (RELEASE_GRAPHS_BELOW_FREE): what it frees is not captured again.
 CAPTURE_ABOVE_FREE = 0.10
 _CACHES: weakref.WeakSet[GraphCache] = weakref.WeakSet()
 

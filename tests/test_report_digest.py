@@ -40,9 +40,9 @@ def test_the_digest_counts_per_definition_and_ends_with_a_findings_row(tmp_path)
 
 def test_the_findings_row_says_how_many_causes_are_failures_left_unprobed(tmp_path):
     unprobed = {"summary": "x", "properties": ["a"], "note": "not probed: budget spent (40 probes, 30.1 s)",
-                "representative": {"case": "DecodeCase(lengths=(3,))", "definition": PS1}}
+                "unprobed": True, "representative": {"case": "DecodeCase(lengths=(3,))", "definition": PS1}}
     report = {f"properties/test_decode.py::test_scales[{PS1}]": _entry("failed", 5),
-              "causes": {"causes": [{**unprobed, "note": None}, unprobed, unprobed]}}
+              "causes": {"causes": [{**unprobed, "note": None, "unprobed": False}, unprobed, unprobed]}}
     (tmp_path / "report.json").write_text(json.dumps(report), encoding="utf-8")
     (tmp_path / "report.md").write_text("**FAILED: 1 of 1 properties failed**\n", encoding="utf-8")
     assert report_digest.digest(tmp_path)[-4].endswith(
