@@ -97,13 +97,17 @@ def register_profiles() -> None:
     """Register dev, ci, gpu, nightly and repro, each with the pristine default as parent."""
     base = settings.get_profile("default")
     database = local_database()
-    common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    # No explain phase: to point at the lines only failing examples ran, Hypothesis traces every line of every
+    # shrink step (sys.settrace before Python 3.12), and here those lines are the suite's own, never the kernel's.
+    # That tracing made failing runs several times slower (docs/performance.md, "Shrinking").
+    common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow],
+                  phases=tuple(phase for phase in Phase if phase is not Phase.explain))
     settings.register_profile("dev", parent=base, max_examples=40, database=dev_database(), **common)
     settings.register_profile("ci", parent=base, max_examples=40, derandomize=True, database=None, **common)
     settings.register_profile("gpu", parent=base, max_examples=300, database=database, **common)
     settings.register_profile("nightly", parent=base, max_examples=5000, database=database, **common)
     settings.register_profile(
-        "repro", parent=base, database=database, phases=(Phase.explicit, Phase.reuse), **common
+        "repro", parent=base, database=database, **{**common, "phases": (Phase.explicit, Phase.reuse)}
     )
 
 

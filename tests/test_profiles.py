@@ -1,4 +1,5 @@
-"""The Hypothesis configuration every profile shares: the Pareto front is skipped, targeting still works."""
+"""The Hypothesis configuration every profile shares: the Pareto front is skipped, targeting still works, and no
+profile traces its shrinks to explain a failure."""
 
 from __future__ import annotations
 
@@ -62,3 +63,11 @@ def test_the_target_phase_still_climbs_without_the_front(front):
     targeted = [_closest_approach(InMemoryExampleDatabase(), (Phase.generate, Phase.target), s) for s in seeds]
     generated = [_closest_approach(InMemoryExampleDatabase(), (Phase.generate,), s) for s in seeds]
     assert statistics.median(targeted) * 100 < statistics.median(generated), (targeted, generated)
+
+
+@pytest.mark.parametrize("name", ["dev", "ci", "gpu", "nightly"])
+def test_no_profile_runs_the_explain_phase_but_each_still_shrinks(name):
+    profiles.register_profiles()
+    phases = settings.get_profile(name).phases
+    assert Phase.explain not in phases
+    assert {Phase.generate, Phase.target, Phase.shrink} <= set(phases)
