@@ -12,8 +12,9 @@ in the run's directory); its siblings stop drawing examples (they end as skipped
 shrinking it again. So a wrong kernel gives one FAILED line, one shrunk
 counterexample and one case file per property, however many shards ran it.
 
-This module and ``engine/examples.py`` (the shard id format, the running example) are the
-places that touch Hypothesis's private attributes (settings, seed and database digest of a test).
+This module, ``engine/examples.py`` (the shard id format, the running example) and ``shrink_limit.py`` (the
+engine's shrink time) are the places that touch Hypothesis's private attributes (settings, seed and database
+digest of a test).
 """
 
 from __future__ import annotations

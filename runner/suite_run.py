@@ -32,6 +32,7 @@ from gqa_decode_fuzz.generation import cases, stages
 from gqa_decode_fuzz.record import casefiles, causes, mps, run_report
 
 from . import gpus, shards
+from .shrink_limit import ShrinkLimit
 
 if TYPE_CHECKING:
     from .run_state import RunState
@@ -201,6 +202,9 @@ class SuiteRun:
         self.shard_count = shards.resolved_shard_count(config.option.shards)
         self.claims = shards.FailureClaims(state.plan.claims_dir)
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
+        self.first_failure_at: float | None = None  # when (``time.time()``) the running item first failed
+        self.shrink_limit = ShrinkLimit(config.option.shrink_limit, state.plan.deadline,
+                                        first_failure=lambda: self.first_failure_at)
         self.report_warm_up: threading.Thread | None = None
         self.report_writer: _InThread | None = None
         self.mps_pipe = devices.mps_control_pipe()
@@ -268,12 +272,12 @@ class SuiteRun:
         items.sort(key=_plainest_first)
         for item in items:
             for marker, reason in reasons.items():
-                if reason and marker in item.keywords:
+                if reason and item.get_closest_marker(marker):  # not item.keywords: a parameter's id is one too
                     item.add_marker(pytest.mark.skip(reason=reason))
             definition = self._definition_of(item)
-            if "paged" in item.keywords and not definition.paged:
+            if item.get_closest_marker("paged") and not definition.paged:
                 item.add_marker(pytest.mark.skip(reason=f"pages of one token in {definition.name}"))
-            if "pool" in item.keywords and definition.prefill and not definition.page_size:
+            if item.get_closest_marker("pool") and definition.prefill and not definition.page_size:
                 item.add_marker(pytest.mark.skip(reason=f"ragged K and V in {definition.name}: no page pool"))
 
     def _deselect_other_op_types(self, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -281,7 +285,7 @@ class SuiteRun:
         prefill definitions, the others under decode ones; the rest are deselected."""
         kept, dropped = [], []
         for item in items:
-            prefill_item = "prefill" in item.keywords
+            prefill_item = item.get_closest_marker("prefill") is not None
             on_property = shards.in_suite(item.path)
             mismatched = on_property and prefill_item != self._definition_of(item).prefill
             (dropped if mismatched else kept).append(item)
@@ -341,7 +345,8 @@ class SuiteRun:
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.guard.shielding), \
                 shards.wrapping_examples(item, self.isolated.wrapping) if self.isolated else contextlib.nullcontext(), \
-                shards.wrapping_examples(item, self.counter.clock.timing):  # outermost: the wrappers count as "other"
+                shards.wrapping_examples(item, self.counter.clock.timing), \
+                self.shrink_limit.applied(item):  # the clock outside the other wrappers: they count as "other"
             yield
 
     def remembering(self, example: Callable) -> Callable:
@@ -357,6 +362,7 @@ class SuiteRun:
                 failed = not isinstance(error, HypothesisException)  # not assume() and its kin
                 if failed:
                     self.seen_failure = _SeenFailure(copy.copy(self.recorder), f"{type(error).__name__}: {error}")
+                    self.first_failure_at = self.first_failure_at or time.time()
                 if not examples.final_example():
                     release_frames(error)
                 elif failed:  # Hypothesis reports this one (several, for failing @examples)
@@ -419,7 +425,7 @@ class SuiteRun:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.state.warming is not None:
             self.state.warming.wait()
-        self.seen_failure, self.reported_records = None, {}
+        self.seen_failure, self.reported_records, self.first_failure_at = None, {}, None
         self.declared_claim = declared_claim(item) if shards.in_suite(item.path) else None
         self.recorder.begin(item.nodeid, self.declared_claim)
         self.counter.begin(item.nodeid)
