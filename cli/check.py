@@ -27,7 +27,7 @@ from . import ERROR, CommandError
 
 HELP = "run the property suite on one implementation and print its verdict (exit 0 pass, 1 fail, 2 error)"
 EXIT = {"pass": 0, "fail": 1, "error": ERROR}
-PROBE_ALLOWANCE_S = 600  # past --time-budget: the test in flight (its shrink) and the cause probes (30 s at most)
+PROBE_ALLOWANCE_S = 600  # past --time-budget: the tests in flight (their shrinks: 10 s) and the cause probes (30 s)
 _FAILING = ("failed", "crashed")
 _DATABASE_ENVS = ("GQA_DECODE_REDIS_URL", "GQA_DECODE_NIGHTLY_REPO")  # shared databases: not replayed by a check
 # What reads the verdict back (case files, workloads) imports torch: loaded while the suite runs, not before it.
@@ -41,8 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--definition", help="a built-in definition's name, path/to/definition.json, a comma-"
                         "separated list or all (default: the Solution file's own, else the seed's)")
     parser.add_argument("--time-budget", type=int, default=None, metavar="SECONDS",
-                        help="start no property after SECONDS (the one in flight finishes; the root-cause probes keep "
-                        "within SECONDS, or 30 s past it)")
+                        help="start no property after SECONDS (the one in flight finishes, its shrink cut; the "
+                        "root-cause probes keep within SECONDS, or 30 s past it)")
+    parser.add_argument("--shrink-limit", type=int, default=None, metavar="SECONDS",
+                        help="shrink each failure for at most SECONDS, then report the smallest found by then")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the verdict as JSON here")
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed: the same seed, the same examples "
                         "(default 0; the ci profile is derandomized and draws the same examples whatever the seed)")
@@ -97,6 +99,7 @@ def _pytest_command(args: argparse.Namespace, spec: str, run_dir: Path) -> list[
                f"--run-report={run_dir / 'reports'}", f"--failures-dir={run_dir / 'failures'}"]
     command += [f"--definition={args.definition}"] if args.definition else []
     command += [f"--time-budget={args.time_budget}"] if args.time_budget else []
+    command += [f"--shrink-limit={args.shrink_limit}"] if args.shrink_limit else []
     command += [f"--max-examples={args.examples}"] if args.examples else []
     command += ["-k", args.keyword] if args.keyword else []
     command += ["-x", "--report-picture=off"] if args.first_failure else []  # the fastest verdict: no drawing
@@ -237,8 +240,10 @@ def _write_json(path: Path | None, result: dict) -> None:
 def _check(args: argparse.Namespace) -> dict:
     spec, solution = _target(args.target)
     definitions = _definitions(args, solution)
-    if args.time_budget is not None and args.time_budget < 1:
-        raise CommandError(f"--time-budget={args.time_budget}: expected a positive number of seconds")
+    for name in ("time_budget", "shrink_limit"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise CommandError(f"--{name.replace('_', '-')}={getattr(args, name)}: expected a positive number of "
+                               "seconds")
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="check-", dir=args.out)).resolve()
     start = time.monotonic()

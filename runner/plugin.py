@@ -151,7 +151,8 @@ _OPTIONS = (
     ("--time-budget", "GQA_DECODE_TIME_BUDGET", None, positive_int, None, "SECONDS",
      "start no test once SECONDS have passed since the run began: the rest are reported as not started, and the "
      "failures found so far are still grouped into root causes, probing within what is left of SECONDS or for 30 s "
-     "past it (a test that has started runs to its end)"),
+     "past it (a test that has started runs to its end, but stops shrinking once SECONDS are spent, or 10 s after "
+     "its first failure where that is later)"),
     ("--shrink-limit", "GQA_DECODE_SHRINK_LIMIT", None, positive_int, None, "SECONDS",
      "shrink each failure for at most SECONDS (Hypothesis's own limit is five minutes), then report the smallest "
      "failing example found by then, noted as such; a --time-budget also stops shrinks once it is spent, but "

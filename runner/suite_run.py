@@ -11,6 +11,7 @@ import contextlib
 import copy
 import functools
 import os
+import sys
 import threading
 import time
 import traceback
@@ -129,6 +130,11 @@ def _solution_record(target: Target) -> dict | None:
     solution = target.solution
     return None if solution is None else {"path": str(solution.path), "sha256": solution.sha256,
                                           "name": solution.name}
+
+
+def _progress(line: str) -> None:
+    """A line on the controller's stderr at the run's end, before pytest's summary (which waits for it)."""
+    print(line, file=sys.__stderr__, flush=True)
 
 
 class _InThread:
@@ -653,10 +659,18 @@ class SuiteRun:
             return
         directory = self.state.report_dir
         writable = directory is not None and directory.is_dir()
+        started = time.monotonic()
         failures = self._failures() if probe else []  # Ctrl-C: the user wants out, not minutes of probes
         if failures and writable:  # the verdicts first: a run stopped while probing still leaves its report
             self._save_report(directory, picture=False)  # drawn once, below: a second or more per drawing
+        if failures:  # where a long run's end goes, while it goes (the terminal summary waits for the probes)
+            _progress(f"\ngqa-decode: {len(failures)} failing properties (their variants) read and the verdicts "
+                      f"written in {time.monotonic() - started:.1f} s; grouping them into root causes")
         self.causes = self._find_causes(failures) if failures else None
+        if failures:
+            probes = self.causes["probes"]
+            _progress(f"gqa-decode: grouped in {time.monotonic() - started:.1f} s ({probes['used']} probes, "
+                      f"{probes['seconds']} s of at most {probes['seconds_limit']:.0f} s)")
         if writable:
             self._save_report(directory, picture=self.picture)
 

@@ -163,3 +163,16 @@ def test_first_failure_stops_the_suite_at_the_first_failing_property(tmp_path, o
     command = check._pytest_command(args, args.target, tmp_path)
     assert ("-x" in command) == stops_at_first
     assert ("--report-picture=off" in command) == stops_at_first  # the fastest verdict draws no summary.png
+
+
+@pytest.mark.parametrize(("options", "passed"), [((), []), (("--shrink-limit", "20", "--time-budget", "60"),
+                                                             ["--shrink-limit=20", "--time-budget=60"])])
+def test_shrink_limit_and_time_budget_reach_the_suite(tmp_path, options, passed):
+    from gqa_decode_fuzz.cli import check
+
+    parser = argparse.ArgumentParser()
+    check.add_arguments(parser)
+    args = parser.parse_args(["tests/impls/wrong_kv_head.py:run", *options])
+    args.passthrough = []
+    command = check._pytest_command(args, args.target, tmp_path)
+    assert sorted(part for part in command if part.startswith(("--shrink-limit", "--time-budget"))) == passed
