@@ -601,7 +601,9 @@ class SuiteRun:
         within what the --time-budget has left (``causes.Budget.for_failures``). No probes once the CUDA context
         is lost."""
         state = self.state
-        release = torch.cuda.empty_cache if state.device.type == "cuda" else (lambda: None)
+        # Not an emptied cache after every probe: each then gave its memory back to the driver and took it again.
+        release = (lambda: devices.release_cache_if_short(state.device)) if state.device.type == "cuda" else (
+            lambda: None)
         deadline = state.plan.deadline
         budget = causes.Budget.for_failures(len(failures), None if deadline is None else deadline - time.time())
         prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract, budget=budget, release=release)
