@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import warnings
 from collections.abc import Callable, Iterator
 
 from hypothesis import note
@@ -44,6 +45,9 @@ class ShrinkLimit:
         self.first_failure = first_failure  # when (``time.time()``) the running item first failed, or None
         self.past_deadline_s = past_deadline_s
         self.hypothesis_default = getattr(hypothesis_engine, _SETTING, None)  # None: this Hypothesis has none
+        if self.hypothesis_default is None and limit_s is not None:
+            warnings.warn(f"--shrink-limit={limit_s}: this Hypothesis has no {_SETTING} to set, so its failures "
+                          "shrink as long as it lets them", stacklevel=2)
 
     def seconds(self, now: float) -> tuple[float, str]:
         """How long a shrink that starts at ``now`` (``time.time()``) may take, and what sets that."""
