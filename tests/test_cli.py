@@ -152,15 +152,20 @@ def test_a_solution_whose_source_does_not_import_is_exit_2_without_a_traceback(t
     assert len(result.stderr.strip().splitlines()) == 1 and verdict["verdict"] == "error"
 
 
-@pytest.mark.parametrize(("options", "stops_at_first"), [((), False), (("--first-failure",), True)])
-def test_first_failure_stops_the_suite_at_the_first_failing_property(tmp_path, options, stops_at_first):
+def suite_command(tmp_path, *options: str) -> list[str]:
+    """The pytest command ``check`` runs for the wrong-head example with ``options``."""
     from gqa_decode_fuzz.cli import check
 
     parser = argparse.ArgumentParser()
     check.add_arguments(parser)
     args = parser.parse_args(["tests/impls/wrong_kv_head.py:run", *options])
     args.passthrough = []
-    command = check._pytest_command(args, args.target, tmp_path)
+    return check._pytest_command(args, args.target, tmp_path)
+
+
+@pytest.mark.parametrize(("options", "stops_at_first"), [((), False), (("--first-failure",), True)])
+def test_first_failure_stops_the_suite_at_the_first_failing_property(tmp_path, options, stops_at_first):
+    command = suite_command(tmp_path, *options)
     assert ("-x" in command) == stops_at_first
     assert ("--report-picture=off" in command) == stops_at_first  # the fastest verdict draws no summary.png
 
@@ -168,11 +173,5 @@ def test_first_failure_stops_the_suite_at_the_first_failing_property(tmp_path, o
 @pytest.mark.parametrize(("options", "passed"), [((), []), (("--shrink-limit", "20", "--time-budget", "60"),
                                                              ["--shrink-limit=20", "--time-budget=60"])])
 def test_shrink_limit_and_time_budget_reach_the_suite(tmp_path, options, passed):
-    from gqa_decode_fuzz.cli import check
-
-    parser = argparse.ArgumentParser()
-    check.add_arguments(parser)
-    args = parser.parse_args(["tests/impls/wrong_kv_head.py:run", *options])
-    args.passthrough = []
-    command = check._pytest_command(args, args.target, tmp_path)
+    command = suite_command(tmp_path, *options)
     assert sorted(part for part in command if part.startswith(("--shrink-limit", "--time-budget"))) == passed
