@@ -1,9 +1,9 @@
 """Shrinking bounded in time: a failure shrinks for at most ``--shrink-limit`` seconds, and stops once the run's
 ``--time-budget`` is spent.
 
-Hypothesis shrinks a failure for up to five minutes. A kernel that fails widely spends most of a run there (a
-sweep of torch's flash entry: 74% of the items' time in the properties that did not pass), and a shrink in
-flight at the end of a ``--time-budget`` ran on past it, into the time the cause probes had. Hypothesis offers
+Hypothesis shrinks a failure for up to five minutes. A kernel that fails widely spends most of a run there
+(docs/performance.md, "Shrinking"), and a shrink in flight at the end of a ``--time-budget`` ran on past it, into
+the time the cause probes had. Hypothesis offers
 no setting for it, only its engine's module constant ``MAX_SHRINKING_SECONDS``, read when a test's shrink phase
 starts; past it the engine stops shrinking and reports the smallest failure found so far, replayed for real.
 Before each example this sets that constant to what the item may still spend, and restores it after the item.
