@@ -65,7 +65,8 @@
 #                                            # profile (EXAMPLES, default 300) with --mps=${MPS:-all}, BUDGET s each;
 #                                            # the GPU's memory sampled every second, its peak per entry in the summary;
 #                                            # on a GPU under 100 GB, SMALL_GPU_WORKERS (8) workers unless
-#                                            # PYTEST_ARGS names --workers-per-gpu
+#                                            # PYTEST_ARGS names --workers-per-gpu; each failure shrinks for at
+#                                            # most SHRINK_LIMIT s (30) unless PYTEST_ARGS names --shrink-limit
 #   bash benchmarks/gpu_session.sh limits    # what stops the plain run: at the goal's 1,500 examples per property with
 #                                            # 8 and 16 workers and at the profile's 300 with 8 (warm caches; RUNS=
 #                                            # "1500x8 300x8" names others), the GPU's utilisation sampled every 200 ms
@@ -459,18 +460,20 @@ production)  # appends to $OUT's summary and digest, so several runs can share o
   ;;
 sweep)
   # Twelve workers and their children filled an 80 GB H100 over the family (docs/gpu.md section 45): fewer there.
-  workers=""
+  options=""
   total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
   if [ "${total_mib:-0}" -lt 100000 ] && [[ "${PYTEST_ARGS:-}" != *workers-per-gpu* ]]; then
-    workers="--workers-per-gpu=${SMALL_GPU_WORKERS:-8}"
+    options="--workers-per-gpu=${SMALL_GPU_WORKERS:-8}"
   fi
+  # An entry that fails widely spent most of its items' time shrinking (docs/performance.md, "Shrinking").
+  [[ "${PYTEST_ARGS:-}" == *shrink-limit* ]] || options="$options --shrink-limit=${SHRINK_LIMIT:-30}"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -l 1 >"$OUT/memory.csv" 2>&1 &
   sampler=$!
   for entry in ${ENTRIES:?name the entries}; do
     name=${entry%%=*}
     sampled=$(wc -l <"$OUT/memory.csv")
     DEFINITION=decode EXAMPLES=${EXAMPLES:-300} TAG=$name ENTRIES=$entry \
-      PYTEST_ARGS="--mps=${MPS:-all} $workers ${PYTEST_ARGS:-}" bash "$0" production
+      PYTEST_ARGS="--mps=${MPS:-all} $options ${PYTEST_ARGS:-}" bash "$0" production
     tail -n +"$((sampled + 1))" "$OUT/memory.csv" | awk -F', ' -v name="$name" '$1 + 0 > peak {peak = $1 + 0; all = $2}
       END {print "peak GPU memory during " name ": " peak " of " all " MiB"}' >>"$OUT/summary.txt"
   done
