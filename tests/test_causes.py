@@ -9,6 +9,7 @@ import importlib
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,15 @@ def test_the_budget_bounds_the_probes_and_the_report_says_so():
     assert lines[0] == (f"{len(found)} distinct failures ({unprobed} of them failures not probed, one entry per "
                         "property)")
     assert lines[-1].startswith("(grouped by 3 probes of at most 3") and "budget spent" in lines[-1]
+
+
+def test_the_clean_up_after_each_probe_counts_against_the_seconds():
+    """A probe's clean-up (its release of the device's memory) is part of the budget's seconds: it bounds the wall
+    time of the grouping, which a slow clean-up outside the budget once tripled."""
+    prober = _prober(two_defects, probes=1000, seconds=0.5)
+    prober.release = lambda: time.sleep(0.2)
+    find_causes(_failures(), prober)
+    assert prober.budget.used <= 3 and prober.budget.spent >= 0.5 and "budget spent" in prober.stopped
 
 
 def test_failures_left_unprobed_are_one_entry_per_property_not_one_per_failure():
