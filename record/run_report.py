@@ -180,13 +180,14 @@ class ItemCounter:
     def flush(self, directory: Path, worker: str, seconds: float, gpu: str | None = None, *,
               outcome: str | None = None, tier: str | None = None, case_file: str | os.PathLike | None = None,
               error: str | None = None, started: float | None = None, definition: str | None = None,
-              claim: str | None = None) -> None:
+              claim: str | None = None, shrink_cut: str | None = None) -> None:
         """Append the current item's tally to this process's part file, with the worker, its GPU and the outcome.
 
         ``outcome`` is one of ``OUTCOMES`` (None: inferred at merge from the failing examples); ``tier`` the
         contract tier that ran; ``case_file`` the saved counterexample; ``error`` the failure message (only its
         first line is kept); ``started`` the item's start in epoch seconds (default: now minus ``seconds``);
-        ``definition`` the definition it ran under; ``claim`` its property's claim (a reference, ``module:name``).
+        ``definition`` the definition it ran under; ``claim`` its property's claim (a reference, ``module:name``);
+        ``shrink_cut`` why its failure's shrink was cut short (``runner/shrink_limit.py``), if it was.
         The part file is named by host (``host_tag``), worker and process, so parts of one sweep's hosts never
         collide where they are gathered.
         An item that built no case is not written, unless it has an outcome other than "passed" (a skipped,
@@ -201,7 +202,7 @@ class ItemCounter:
         line = {**tally.as_json(), "worker": worker, "gpu": gpu, "outcome": outcome, "tier": tier,
                 "case_file": None if case_file is None else str(case_file), "error": _first_line(error),
                 "started": time.time() - seconds if started is None else started, "host": host_tag(),
-                "definition": definition, "claim": claim}
+                "definition": definition, "claim": claim, "shrink_cut": shrink_cut}
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / f"parts-{host_tag()}-{worker}-{os.getpid()}.jsonl", "a", encoding="utf-8") as part:
             part.write(json.dumps(line) + "\n")
@@ -292,7 +293,8 @@ def _add_item(entry: dict, item: dict, collateral: bool = False) -> None:
         entry["tiers"].append(item["tier"])
     if outcome in (*_FAILING, "error"):
         entry["failures"].append({"nodeid": item.get("nodeid", ""), "outcome": outcome,
-                                  "case_file": item.get("case_file"), "error": error})
+                                  "case_file": item.get("case_file"), "error": error,
+                                  "shrink_cut": item.get("shrink_cut")})
 
 
 def _case_file_size(path: str | None) -> float:
@@ -329,6 +331,7 @@ def _finish(entry: dict) -> None:
     chosen = _chosen_failure(entry.pop("failures"), entry["verdict"])
     entry["case_file"] = chosen["case_file"] if chosen else None
     entry["error"] = chosen["error"] if chosen else None
+    entry["shrink_cut"] = chosen.get("shrink_cut") if chosen else None
     entry["examples_per_second"] = entry["examples"] / entry["seconds"] if entry["seconds"] > 0 else None
     entry["outcomes"] = dict(outcomes)
 
@@ -496,6 +499,7 @@ def _failures_list(merged: dict[str, dict]) -> list[str]:
         stopped = f", {entry['stopped_shards']} stopped early" if entry["stopped_shards"] else ""
         lines.append(f"- `{name}` {entry['verdict']} ({entry['failing_shards']} of {entry['items']} shards failed"
                      f"{stopped}): {entry['error'] or '(no message: the failing shard left no line)'}")
+        lines += [f"  - {entry['shrink_cut'].removeprefix('gqa-decode: ')}"] if entry.get("shrink_cut") else []
         lines += _replay_line(entry)
     return lines
 

@@ -26,12 +26,19 @@ from gqa_decode_fuzz.engine import examples
 
 from .shards import wrapping_examples
 
-__all__ = ["SHRINK_PAST_A_TIME_BUDGET", "ShrinkLimit"]
+__all__ = ["SHRINK_PAST_A_TIME_BUDGET", "ShrinkLimit", "shrink_cut_notes"]
 
 # A failure found just before the --time-budget ends still gets this long to shrink: the cause probes group
 # failures by their shrunk cases, and the probes have 30 s past the budget (``causes.SECONDS_PAST_A_TIME_BUDGET``).
 SHRINK_PAST_A_TIME_BUDGET = 10.0
 _SETTING = "MAX_SHRINKING_SECONDS"  # Hypothesis's own limit, five minutes
+_CUT = "gqa-decode: shrinking stopped at"  # how the note on a cut failure starts
+
+
+def shrink_cut_notes(error: BaseException) -> list[str]:
+    """The notes on ``error`` (or on the errors of its group) that say its shrink was cut."""
+    errors = [error, *getattr(error, "exceptions", ())]
+    return [note for each in errors for note in getattr(each, "__notes__", ()) if note.startswith(_CUT)]
 
 
 class ShrinkLimit:
@@ -82,9 +89,9 @@ class ShrinkLimit:
                 # The shrink starts a little after the first failure (Hypothesis may look for other bugs first)
                 # and its explain phase follows it, so a shrink that ended on its own just short of its limit is
                 # noted too: a rare overstatement.
-                note(f"gqa-decode: shrinking stopped at {allowed[1]} ({allowed[0]:.1f} s; Hypothesis's warning of "
-                     "five minutes means this limit): this is the smallest failing example found by then, which a "
-                     "longer shrink may make smaller")
+                note(f"{_CUT} {allowed[1]} ({allowed[0]:.1f} s): this is the smallest failing example found by "
+                     "then, which a longer shrink may make smaller (Hypothesis's warning of five minutes means this "
+                     "stop)")
             return example(*args, **kwargs)
 
         return bounded

@@ -33,7 +33,7 @@ from gqa_decode_fuzz.generation import cases, stages
 from gqa_decode_fuzz.record import casefiles, causes, mps, run_report
 
 from . import gpus, shards
-from .shrink_limit import ShrinkLimit
+from .shrink_limit import ShrinkLimit, shrink_cut_notes
 
 if TYPE_CHECKING:
     from .run_state import RunState
@@ -477,9 +477,12 @@ class SuiteRun:
         obj = getattr(item, "obj", None)
         if not self.recorder.used or not (shards.is_hypothesis_test(obj) or shards.in_suite(item.path)):
             return  # case files are for properties and the suite's own tests, not for unit tests that build a case
-        path = self._save_case(call.excinfo.exconly(), str(getattr(item, "hypothesis_report_information", "")),
+        cut = shrink_cut_notes(error)  # the case file and the run report say it too
+        path = self._save_case("\n".join([call.excinfo.exconly(), *cut]),
+                               str(getattr(item, "hypothesis_report_information", "")),
                                device_readable=not sticky, record=self._reported_record(error))
-        self.outcomes[item.nodeid] = {"case_file": path, "error": call.excinfo.exconly()}
+        self.outcomes[item.nodeid] = {"case_file": path, "error": call.excinfo.exconly(),
+                                      "shrink_cut": cut[0] if cut else None}
         shown = f"{path}\nreplay: {casefiles.replay_command(path)}" if path else self._budget_note()
         report.sections.append(("gqa-decode case file", shown))
         if sticky:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import engine as hypothesis_engine
 
+from gqa_decode_fuzz.record import casefiles
 from gqa_decode_fuzz.runner.shrink_limit import ShrinkLimit
 from tests.pytest_runs import run_pytest
 
@@ -72,8 +73,20 @@ def test_the_option_cuts_a_slow_shrink_in_a_pytest_run():
             "--device=cpu")
     run = run_pytest(*args, "--shrink-limit=1")
     assert "1 failed" in run.stdout, run.stdout[-3000:]
-    assert "gqa-decode: shrinking stopped at --shrink-limit=1 (1.0 s" in run.stdout, run.stdout[-3000:]
+    assert "gqa-decode: shrinking stopped at --shrink-limit=1 (1.0 s)" in run.stdout, run.stdout[-3000:]
     examples_cut = run.stdout.count("example [")
     whole = run_pytest(*args)
     assert "1 failed" in whole.stdout and "shrinking stopped" not in whole.stdout, whole.stdout[-3000:]
     assert examples_cut < whole.stdout.count("example [")
+
+
+def test_a_cut_shrink_is_named_in_the_case_file_and_the_run_report(tmp_path):
+    run = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound", "-p", "no:xdist", "-q",
+                     "--impl=tests/impls/slow_wrong_kv_head.py:run", "--isolation=off", "--device=cpu",
+                     "--hypothesis-profile=ci", "--max-examples=40", "--shrink-limit=1",
+                     f"--failures-dir={tmp_path / 'failures'}", f"--run-report={tmp_path / 'reports'}")
+    assert "1 failed" in run.stdout, run.stdout[-3000:]
+    [case_file] = (tmp_path / "failures").glob("*.pt")
+    assert "gqa-decode: shrinking stopped at --shrink-limit=1" in casefiles.load_case(case_file)["error"]
+    [report] = (tmp_path / "reports").glob("*/report.md")
+    assert "  - shrinking stopped at --shrink-limit=1 (1.0 s)" in report.read_text(), report.read_text()[-3000:]
