@@ -152,11 +152,11 @@ _OPTIONS = (
      "start no test once SECONDS have passed since the run began: the rest are reported as not started, and the "
      "failures found so far are still grouped into root causes, probing within what is left of SECONDS or for 30 s "
      "past it (a test that has started runs to its end, but stops shrinking once SECONDS are spent, or 10 s after "
-     "its first failure where that is later)"),
+     "its shrink started where that is later)"),
     ("--shrink-limit", "GQA_DECODE_SHRINK_LIMIT", None, positive_int, None, "SECONDS",
      "shrink each failure for at most SECONDS (Hypothesis's own limit is five minutes), then report the smallest "
      "failing example found by then, noted as such; a --time-budget also stops shrinks once it is spent, but "
-     "gives a failure found near its end 10 s"),
+     "gives a shrink that starts near its end 10 s"),
     ("--sanitize-every", "GQA_DECODE_SANITIZE_EVERY", str(isolation.SANITIZE_EVERY), positive_int, None, "N",
      "with --sanitize: about one example in N runs under the sanitizer"),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import gc
 import os
 import sys
 import threading
@@ -208,9 +209,7 @@ class SuiteRun:
         self.shard_count = shards.resolved_shard_count(config.option.shards)
         self.claims = shards.FailureClaims(state.plan.claims_dir)
         self.knob_draws = knobs.KnobDraws(state.target.knobs)
-        self.first_failure_at: float | None = None  # when (``time.time()``) the running item first failed
-        self.shrink_limit = ShrinkLimit(config.option.shrink_limit, state.plan.deadline,
-                                        first_failure=lambda: self.first_failure_at)
+        self.shrink_limit = ShrinkLimit(config.option.shrink_limit, state.plan.deadline)
         self.report_warm_up: threading.Thread | None = None
         self.report_writer: _InThread | None = None
         self.mps_pipe = devices.mps_control_pipe()
@@ -352,7 +351,7 @@ class SuiteRun:
                 shards.wrapping_examples(item, self.guard.shielding), \
                 shards.wrapping_examples(item, self.isolated.wrapping) if self.isolated else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.counter.clock.timing), \
-                self.shrink_limit.applied(item):  # the clock outside the other wrappers: they count as "other"
+                self.shrink_limit.applied(item):  # the clock outside the rest (they count as "other"); then this
             yield
 
     def remembering(self, example: Callable) -> Callable:
@@ -368,7 +367,6 @@ class SuiteRun:
                 failed = not isinstance(error, HypothesisException)  # not assume() and its kin
                 if failed:
                     self.seen_failure = _SeenFailure(copy.copy(self.recorder), f"{type(error).__name__}: {error}")
-                    self.first_failure_at = self.first_failure_at or time.time()
                 if not examples.final_example():
                     release_frames(error)
                 elif failed:  # Hypothesis reports this one (several, for failing @examples)
@@ -431,7 +429,7 @@ class SuiteRun:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.state.warming is not None:
             self.state.warming.wait()
-        self.seen_failure, self.reported_records, self.first_failure_at = None, {}, None
+        self.seen_failure, self.reported_records = None, {}
         self.declared_claim = declared_claim(item) if shards.in_suite(item.path) else None
         self.recorder.begin(item.nodeid, self.declared_claim)
         self.counter.begin(item.nodeid)
@@ -604,9 +602,7 @@ class SuiteRun:
         within what the --time-budget has left (``causes.Budget.for_failures``). No probes once the CUDA context
         is lost."""
         state = self.state
-        # Not an emptied cache after every probe: each then gave its memory back to the driver and took it again.
-        release = (lambda: devices.release_cache_if_short(state.device)) if state.device.type == "cuda" else (
-            lambda: None)
+        release = self._release_after_probe if state.device.type == "cuda" else (lambda: None)
         deadline = state.plan.deadline
         budget = causes.Budget.for_failures(len(failures), None if deadline is None else deadline - time.time())
         prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract, budget=budget, release=release)
@@ -617,6 +613,14 @@ class SuiteRun:
             return causes.grouped(failures, prober)
         finally:
             self.probing = False
+
+    def _release_after_probe(self) -> None:
+        """Where the GPU is short of memory, what a probe left: the cache, and the cycles of older generations
+        (the probe itself collects only the young ones). Not after every probe: each then gave its memory back to
+        the driver and took it again."""
+        if devices.release_cache_if_short(self.state.device):
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         """The xdist controller's first property started on a worker: warm the run report's plotting up in a

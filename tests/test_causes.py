@@ -135,8 +135,8 @@ def test_the_budget_bounds_the_probes_and_the_report_says_so():
 
 
 def test_the_clean_up_after_each_probe_counts_against_the_seconds():
-    """A probe's clean-up (its release of the device's memory) is part of the budget's seconds: it bounds the wall
-    time of the grouping, which a slow clean-up outside the budget once tripled."""
+    """A probe's clean-up (its release of the device's memory) is part of the budget's seconds: the budget bounds
+    the grouping's wall time."""
     prober = _prober(two_defects, probes=1000, seconds=0.5)
     prober.release = lambda: time.sleep(0.2)
     find_causes(_failures(), prober)

@@ -20,26 +20,21 @@ def shrink(limit_s: float | None = None, deadline: float | None = None, **grace)
     ``deadline`` (``ShrinkLimit``'s): the reported failing list, the notes on its error, and how many examples
     ran."""
     ran: list[list[int]] = []
-    failed_at: list[float] = []
 
     @settings(database=None, derandomize=True, max_examples=100)
     @given(st.lists(st.integers(0, 1000), min_size=5, max_size=5))
     def prop(values):
         ran.append(values)
-        if sum(values) >= 100:
-            failed_at.append(time.time())
         assert sum(values) < 100
 
-    limit = ShrinkLimit(limit_s, deadline, first_failure=lambda: failed_at[0] if failed_at else None, **grace)
-
-    item = SimpleNamespace(obj=prop)
-    with pytest.raises(AssertionError) as failure, limit.applied(item):
+    with pytest.raises(AssertionError) as failure, ShrinkLimit(limit_s, deadline, **grace).applied(
+            SimpleNamespace(obj=prop)):
         prop()
     return ran[-1], getattr(failure.value, "__notes__", []), len(ran)
 
 
 def cut_notes(notes: list[str]) -> list[str]:
-    return [n for n in notes if n.startswith("gqa-decode: shrinking stopped")]
+    return [said for said in notes if said.startswith("gqa-decode: shrinking stopped")]
 
 
 def test_a_shrink_past_its_limit_reports_the_failure_found_so_far_and_says_so():
@@ -90,3 +85,21 @@ def test_a_cut_shrink_is_named_in_the_case_file_and_the_run_report(tmp_path):
     assert "gqa-decode: shrinking stopped at --shrink-limit=1" in casefiles.load_case(case_file)["error"]
     [report] = (tmp_path / "reports").glob("*/report.md")
     assert "  - shrinking stopped at --shrink-limit=1 (1.0 s)" in report.read_text(), report.read_text()[-3000:]
+
+
+def test_a_shrink_that_ends_within_its_limit_is_not_noted_however_long_the_search_went_on():
+    """Hypothesis goes on searching for other bugs after the first failure, before it shrinks: that search does
+    not count against the shrink's limit, and a shrink that ends on its own says nothing."""
+    calls = []
+
+    @settings(database=None, derandomize=True, max_examples=400)
+    @given(st.integers(0, 1000))
+    def prop(value):
+        calls.append(value)
+        time.sleep(0.02)
+        assert len(calls) < 60 or value == 0  # fails from the 60th call on; shrinks to 0 at once
+
+    with pytest.raises(AssertionError) as failure, ShrinkLimit(0.5, None).applied(SimpleNamespace(obj=prop)):
+        prop()
+    assert len(calls) > 90  # the search after the first failure alone outlasted the limit (30 x 20 ms > 0.5 s)
+    assert not cut_notes(getattr(failure.value, "__notes__", []))
