@@ -146,7 +146,8 @@ def _usage_error(run_dir: Path) -> str:
 
 def _causes(report: dict, entries: dict, trace_set: Path) -> list[dict]:
     """Per root cause (``causes.json``; a failing property without one is a cause of its own): summary, the
-    properties it fails, its case file, replay command, error and the minimal case as a workload."""
+    properties it fails, its case file, replay command, error, whether its shrink was cut, and the minimal case as
+    a workload."""
     found = (report.get("causes") or {}).get("causes")
     if found is None:
         found = [{"summary": entry.get("error") or "failed", "properties": [name],
@@ -162,9 +163,11 @@ def _causes(report: dict, entries: dict, trace_set: Path) -> list[dict]:
         rep = cause["representative"]
         case_file = rep.get("case_file")
         workload = export(case_file, trace_set) if case_file else {"omitted": "no case file was saved"}
+        cut = next((entry.get("shrink_cut") for entry in entries.values()
+                    if case_file and entry.get("case_file") == case_file), None)
         result.append({"summary": cause["summary"], "properties": cause["properties"], "case": rep.get("case"),
                        "definition": rep.get("definition") or workload.get("line", {}).get("definition"),
-                       "error": rep.get("error"), "case_file": case_file,
+                       "error": rep.get("error"), "shrink_cut": cut, "case_file": case_file,
                        "replay": replay_command(case_file) if case_file else None, "workload": workload})
     return result
 

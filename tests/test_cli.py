@@ -75,6 +75,7 @@ def test_a_planted_defect_fails_with_its_case_as_a_workload_the_reader_takes_bac
     (cause,) = verdict["causes"]
     assert cause["properties"] == [f"properties/test_decode.py::{CENTRAL}"]
     assert cause["replay"].startswith("python -m gqa_decode_fuzz.record.repro ") and cause["case_file"].endswith(".pt")
+    assert cause["shrink_cut"] is None  # no --shrink-limit: shrunk to its end
     workload = cause["workload"]
     assert workload["plain_layout"] and f"uuid {workload['uuid']}" in result.stdout
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -13,6 +14,8 @@ from hypothesis.internal.conjecture import engine as hypothesis_engine
 from gqa_decode_fuzz.record import casefiles
 from gqa_decode_fuzz.runner.shrink_limit import ShrinkLimit
 from tests.pytest_runs import run_pytest
+
+CENTRAL = "test_output_and_lse_within_error_bound"
 
 
 def shrink(limit_s: float | None = None, deadline: float | None = None, **grace) -> tuple[list[int], list[str], int]:
@@ -76,7 +79,7 @@ def test_the_option_cuts_a_slow_shrink_in_a_pytest_run():
 
 
 def test_a_cut_shrink_is_named_in_the_case_file_and_the_run_report(tmp_path):
-    run = run_pytest("properties/test_decode.py::test_output_and_lse_within_error_bound", "-p", "no:xdist", "-q",
+    run = run_pytest(f"properties/test_decode.py::{CENTRAL}", "-p", "no:xdist", "-q",
                      "--impl=tests/impls/slow_wrong_kv_head.py:run", "--isolation=off", "--device=cpu",
                      "--hypothesis-profile=ci", "--max-examples=40", "--shrink-limit=1",
                      f"--failures-dir={tmp_path / 'failures'}", f"--run-report={tmp_path / 'reports'}")
@@ -85,6 +88,8 @@ def test_a_cut_shrink_is_named_in_the_case_file_and_the_run_report(tmp_path):
     assert "gqa-decode: shrinking stopped at --shrink-limit=1" in casefiles.load_case(case_file)["error"]
     [report] = (tmp_path / "reports").glob("*/report.md")
     assert "  - shrinking stopped at --shrink-limit=1 (1.0 s)" in report.read_text(), report.read_text()[-3000:]
+    entries = json.loads((report.parent / "report.json").read_text())  # what check --json reads
+    assert entries[f"properties/test_decode.py::{CENTRAL}"]["shrink_cut"].startswith("gqa-decode: shrinking stopped")
 
 
 def test_a_shrink_that_ends_within_its_limit_is_not_noted_however_long_the_search_went_on():
