@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Shard", "draw_in", "example_targets", "final_example", "property_name", "running_example"]
+__all__ = ["SHRINK_CUT", "Shard", "draw_in", "example_targets", "final_example", "property_name", "running_example"]
+
+SHRINK_CUT = "gqa-decode: shrinking stopped at"  # how the note on a failure whose shrink was cut starts
 
 _SHARD_ID = re.compile(r"shard(\d+)of(\d+)")
 _SHARD_PARAMETER = re.compile(r"\[shard\d+of\d+\]$|(?<=\[)shard\d+of\d+-|-shard\d+of\d+(?=\])")

@@ -34,14 +34,13 @@ __all__ = ["SHRINK_PAST_A_TIME_BUDGET", "ShrinkLimit", "shrink_cut_notes"]
 SHRINK_PAST_A_TIME_BUDGET = 10.0
 _SETTING = "MAX_SHRINKING_SECONDS"  # Hypothesis's own limit, five minutes
 _SHRINK_PHASES = ("shrink_interesting_test_cases", "shrink_interesting_examples")  # the name in newer, older releases
-_CUT = "gqa-decode: shrinking stopped at"  # how the note on a cut failure starts
 
 
 def shrink_cut_notes(error: BaseException) -> list[str]:
     """The notes on ``error`` (or on the errors of its group) that say its shrink was cut, each once."""
     errors = [error, *getattr(error, "exceptions", ())]
     notes = [said for each in errors for said in getattr(each, "__notes__", ())]
-    return list(dict.fromkeys(said for said in notes if said.startswith(_CUT)))
+    return list(dict.fromkeys(said for said in notes if said.startswith(examples.SHRINK_CUT)))
 
 
 def _shrink_phase() -> str | None:
@@ -114,9 +113,9 @@ class ShrinkLimit:
         @functools.wraps(example)
         def noted(*args, **kwargs):
             if self.cut is not None and examples.final_example():
-                note(f"{_CUT} {self.cut}: this is the smallest failing example found by then, which a longer "
-                     "shrink may make smaller (Hypothesis's warning of five minutes, which asks for a report, "
-                     "means this stop)")
+                note(f"{examples.SHRINK_CUT} {self.cut}: this is the smallest failing example found by then, "
+                     "which a longer shrink may make smaller (Hypothesis's warning of five minutes, which asks for a "
+                     "report, means this stop)")
             return example(*args, **kwargs)
 
         return noted

@@ -13,7 +13,7 @@ from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 from gqa_decode_fuzz.record import casefiles
 from gqa_decode_fuzz.runner.shrink_limit import ShrinkLimit
-from tests.pytest_runs import run_pytest
+from tests.pytest_runs import run_module, run_pytest
 
 CENTRAL = "test_output_and_lse_within_error_bound"
 
@@ -86,6 +86,8 @@ def test_a_cut_shrink_is_named_in_the_case_file_and_the_run_report(tmp_path):
     assert "1 failed" in run.stdout, run.stdout[-3000:]
     [case_file] = (tmp_path / "failures").glob("*.pt")
     assert "gqa-decode: shrinking stopped at --shrink-limit=1" in casefiles.load_case(case_file)["error"]
+    replay = run_module("gqa_decode_fuzz.record.repro", str(case_file), "--device", "cpu", "--no-png")
+    assert "shrink   : shrinking stopped at --shrink-limit=1 (1.0 s)" in replay.stdout, replay.stdout[-2000:]
     [report] = (tmp_path / "reports").glob("*/report.md")
     assert "  - shrinking stopped at --shrink-limit=1 (1.0 s)" in report.read_text(), report.read_text()[-3000:]
     entries = json.loads((report.parent / "report.json").read_text())  # what check --json reads

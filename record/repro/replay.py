@@ -39,12 +39,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _header(payload: dict, device, impl_spec: str) -> list[str]:
+    from gqa_decode_fuzz.engine.examples import SHRINK_CUT
     from gqa_decode_fuzz.record.casefiles import device_name, versions
 
     then = payload["versions"]
     now = versions()
     changed = [f"{name} {then.get(name)} -> {now[name]}" for name in now if then.get(name) != now[name]]
     error = (payload.get("error") or "").strip().splitlines()
+    cut = [line for line in error if line.startswith(SHRINK_CUT)]  # the case file's error ends with it
     return [
         f"property : {payload['nodeid']}",
         f"case     : {payload.get('case_repr') or 'not built from a DecodeCase'}",
@@ -55,6 +57,7 @@ def _header(payload: dict, device, impl_spec: str) -> list[str]:
         f"replay on: {device_name(device)}" + (f"; versions differ: {', '.join(changed)}" if changed else ""),
         f"error    : {error[0] if error else '-'}",
         *(f"           {line}" for line in error[1:8]),
+        *(f"shrink   : {line.removeprefix('gqa-decode: ')}" for line in cut),
     ]
 
 
