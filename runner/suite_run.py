@@ -672,11 +672,11 @@ class SuiteRun:
         failures = self._failures() if probe else []  # Ctrl-C: the user wants out, not minutes of probes
         if failures and writable:  # the verdicts first: a run stopped while probing still leaves its report
             self._save_report(directory, picture=False)  # drawn once, below: a second or more per drawing
+        self.causes = None
         if failures:  # where a long run's end goes, while it goes (the terminal summary waits for the probes)
             _progress(f"\ngqa-decode: {len(failures)} failing properties (their variants) read and the verdicts "
                       f"written in {time.monotonic() - started:.1f} s; grouping them into root causes")
-        self.causes = self._find_causes(failures) if failures else None
-        if failures:
+            self.causes = self._find_causes(failures)
             probes = self.causes["probes"]
             _progress(f"gqa-decode: grouped in {time.monotonic() - started:.1f} s ({probes['used']} probes, "
                       f"{probes['seconds']} s of at most {probes['seconds_limit']:.0f} s)")
