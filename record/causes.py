@@ -22,7 +22,8 @@ guarded implementation, each with its property's draws:
 4. A claim that its draws decide rather than its case (the bad-input claim: each corruption
    a check the implementation makes or lacks) is one cause when its representative needs
    nothing of its case: its other failures join it once each fails again on its own case,
-   and the cause lists each corruption.
+   and the cause lists each corruption. No other claim joins it: failing on its plain case
+   says nothing of the draws, so such a failure is a defect of its own.
 
 Every probe counts against one budget (``Budget.for_failures``: 40 probes and 60 s, or six probes
 and a second per failure where there are more, at most 300 s, and within what a run's --time-budget has
@@ -579,15 +580,19 @@ def find_causes(failures: list[Failure], prober: Prober) -> list[Cause]:
             continue
         needed = _vary(prober, rep)
         cause = Cause(rep, needs=needed.words, free=needed.free)
+        # A cause its claim's draws decide (a corruption refused wrongly) says nothing of another claim that also
+        # fails on its plain case: that one fails for a defect of its own.
+        decided_by_draws = not needed.tests and _decided_by_draws(claim)
         waiting = []
         for other in rest:
-            why = _joins(prober, rep, needed, other) if not prober.stopped else None
+            joinable = not prober.stopped and (other.claim == claim or not decided_by_draws)
+            why = _joins(prober, rep, needed, other) if joinable else None
             if why:
                 cause.members.append((other, why))
             else:
                 waiting.append(other)
         causes.append(cause)
-        if not needed.tests and _decided_by_draws(claim):
+        if decided_by_draws:
             by_draws[claim] = cause
     for cause in by_draws.values():
         decided = [cause.representative, *(member for member, _ in cause.members)]

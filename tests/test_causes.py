@@ -350,3 +350,21 @@ def test_the_verbatim_seed_gives_its_distinct_defects_as_distinct_causes(tmp_pat
     assert any(layout in strides["summary"] for layout in ("q_layout dim_outer", "q_layout strided_dim",
                                                             "kv_layout dim_outer")), strides
     assert bad_input["properties"] == [BAD_INPUT] and bad_input["summary"].startswith("corruption "), bad_input
+
+
+def test_a_cause_the_draws_decide_takes_no_other_claim_that_fails_on_its_case():
+    """Two defects, no input checks and every output scaled: the bad-input cause (its draws decide it) comes first,
+    and the central bound also fails on its plain case, for its own defect: two causes, not one."""
+
+    def checks_nothing_and_scales(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+        output, lse = torch_float32(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+        return output * 1.02, lse
+
+    failures = [
+        Failure(BAD_INPUT, "b.pt", "AssertionError", case=DecodeCase(lengths=(1,)),
+                draws={"corruption": "q_float16", "where": 3}),
+        Failure(BOUND, "a.pt", "AssertionError", case=DecodeCase(lengths=(2,))),
+    ]
+    prober = _prober(checks_nothing_and_scales)
+    found = find_causes(failures, prober)
+    assert [cause.properties for cause in found] == [[BAD_INPUT], [BOUND]], prober.tried
