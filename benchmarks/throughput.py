@@ -5,7 +5,8 @@
     python benchmarks/throughput.py launches [--examples 400] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py draws   [--examples 1000] [--workers 12] [--case-sizes large] [--out DIR]
     python benchmarks/throughput.py scaling [--gpus 1,2] [--workers-per-gpu auto|4,8,16] [--max-examples N]
-                                            [--mps auto,off] [--shards auto,4] [--repeat 2] [--no-warmup] [--out DIR]
+                                            [--mps auto,off] [--shards auto,4] [--warm-workers on,off] [--repeat 2]
+                                            [--no-warmup] [--out DIR]
     python benchmarks/throughput.py startup [--device cpu|cuda|auto] [--workers 2|auto] [--repeat 5]
                                             [--select EXPRESSION] [--report] [--out DIR] [-- PYTEST_ARGS]
     python benchmarks/throughput.py isolation [--device cpu|cuda] [--workers 0|2|auto] [--max-examples N]
@@ -323,7 +324,7 @@ def run_draws(options) -> dict:
 
 
 def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, workers_per_gpu: str,
-               mps: str = "auto", shards: str = "auto") -> dict:
+               mps: str = "auto", shards: str = "auto", warm: str = "on") -> dict:
     """One pytest run of the property suite on the first ``gpus`` GPUs; examples counted by its run report."""
     # The suite's options come from the command line only; the oracle's graph, warm-up and Pareto front switches
     # pass, to compare with them off (or, for the front, on).
@@ -334,14 +335,14 @@ def _suite_run(gpus: int, options, report_root: Path, max_examples: int | None, 
         env["GQA_DECODE_MAX_EXAMPLES"] = str(max_examples)
     report_dir = report_root / f"gpus{gpus}-{time.time_ns()}"
     command = [sys.executable, "-m", "pytest", *options.paths, "-n", "auto", "-q", "-rfE", "-p", "no:cacheprovider",
-               f"--workers-per-gpu={workers_per_gpu}", f"--mps={mps}", f"--shards={shards}",
+               f"--workers-per-gpu={workers_per_gpu}", f"--mps={mps}", f"--shards={shards}", f"--warm-workers={warm}",
                f"--hypothesis-profile={options.profile}", f"--run-report={report_dir}",
                f"--failures-dir={report_root / 'failures'}", f"--impl={options.impl}"]
     run = _pytest_run(command, env, report_dir)
     report = run.pop("report")
     return {"gpus": gpus, **run, "examples_per_second_per_gpu": run["examples_per_second"] / gpus,
             "stages_ms_per_example": report.get("throughput", {}).get("stages_ms_per_example"),
-            "workers": gpus * _per_gpu(workers_per_gpu, gpus), "mps": mps, "shards": shards}
+            "workers": gpus * _per_gpu(workers_per_gpu, gpus), "mps": mps, "shards": shards, "warm": warm}
 
 
 def _per_gpu(option: str, gpus: int) -> int:
@@ -411,19 +412,20 @@ def run_scaling(options) -> dict:
     if options.warmup:  # compile the kernel into every worker's Triton cache first
         _suite_run(max(gpu_counts), options, root / "warmup", 2, per_gpu[0])
     # Repeats go round the whole list, so that each configuration's runs are interleaved with the others'.
-    runs = [_suite_run(gpus, options, root, options.max_examples, workers, mps, shards)
+    runs = [_suite_run(gpus, options, root, options.max_examples, workers, mps, shards, warm)
             for _ in range(options.repeat) for gpus in gpu_counts for workers in per_gpu
-            for mps in options.mps.split(",") for shards in options.shards.split(",")]
+            for mps in options.mps.split(",") for shards in options.shards.split(",")
+            for warm in options.warm_workers.split(",")]
     base = runs[0]["examples_per_second"] or 1.0
     per_property = options.max_examples if options.max_examples is not None else "the profile's"
     print(f"{options.profile} profile, {per_property} examples per property, -n auto on the first N GPUs, "
           f"--workers-per-gpu={options.workers_per_gpu}; wall is the whole pytest process, start-up included")
-    print(f"{'GPUs':>5}{'workers':>8}{'mps':>5}{'shards':>7}{'examples':>10}{'wall s':>9}{'start s':>8}{'ex/s':>9}"
-          f"{'per GPU':>9}{'ratio':>7}{'tests ex/s':>11}{'ratio':>7}  pytest")
+    print(f"{'GPUs':>5}{'workers':>8}{'mps':>5}{'shards':>7}{'warm':>5}{'examples':>10}{'wall s':>9}{'start s':>8}"
+          f"{'ex/s':>9}{'per GPU':>9}{'ratio':>7}{'tests ex/s':>11}{'ratio':>7}  pytest")
     tests_base = _tests_rate(runs[0]) or 1.0
     for run in runs:
         start_up = run["wall_s"] - run["tests_wall_s"] if run["tests_wall_s"] else float("nan")
-        print(f"{run['gpus']:>5}{run['workers']:>8}{run['mps']:>5}{run['shards']:>7}{run['examples']:>10}"
+        print(f"{run['gpus']:>5}{run['workers']:>8}{run['mps']:>5}{run['shards']:>7}{run['warm']:>5}{run['examples']:>10}"
               f"{run['wall_s']:>9.1f}{start_up:>8.1f}"
               f"{run['examples_per_second']:>9.1f}{run['examples_per_second_per_gpu']:>9.1f}"
               f"{run['examples_per_second'] / base:>7.2f}{_tests_rate(run):>11.1f}{_tests_rate(run) / tests_base:>7.2f}"
@@ -614,6 +616,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", default="auto",
                         help="scaling: the suite's --shards (auto: one per worker); a comma-separated list compares "
                              "them")
+    parser.add_argument("--warm-workers", default="on",
+                        help="scaling: the suite's --warm-workers values to compare (on: workers forked from a server "
+                             "with torch imported; off: fresh interpreters)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="scaling: runs per GPU count (default 1; the first may be cold); startup: runs (5)")
     parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling, startup: test paths")

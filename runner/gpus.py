@@ -34,9 +34,9 @@ GPU_IDS_ENV = "GQA_DECODE_GPU_IDS"
 SLOTS_DIR_ENV = "GQA_DECODE_GPU_SLOTS_DIR"
 WORKERS_PER_GPU_ENV = "GQA_DECODE_WORKERS_PER_GPU"
 
-__all__ = ["THREADS_ENV", "Pin", "auto_worker_count", "claim_slot", "export_gpus", "memory_turn", "memory_wanted",
-           "pin_this_worker", "release_slots", "share_cores", "shares_its_gpu", "visible_gpu_ids", "wanting_memory",
-           "workers_per_gpu"]
+__all__ = ["THREADS_ENV", "Pin", "auto_worker_count", "claim_slot", "core_share", "export_gpus", "memory_turn",
+           "memory_wanted", "pin_this_worker", "release_slots", "share_cores", "shares_its_gpu", "visible_gpu_ids",
+           "wanting_memory", "workers_per_gpu"]
 
 @dataclass(frozen=True)
 class Pin:
@@ -174,15 +174,24 @@ def share_cores() -> int | None:
     size their pools by it and every child inherits it; a torch loaded earlier is set directly. A user's
     ``OMP_NUM_THREADS`` wins. Returns the thread count set, or None where nothing was changed.
     """
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if workers < 1 or "OMP_NUM_THREADS" in os.environ:
+    share = core_share(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0))
+    if not share:
         return None
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)
-    for name in THREADS_ENV:
-        os.environ.setdefault(name, str(threads))  # a user's own BLAS count stays
-    if "torch" in sys.modules:  # loaded before the plugin: too late for the variable
+    for name, threads in share.items():
+        os.environ.setdefault(name, threads)  # a user's own BLAS count stays
+    threads = int(share["OMP_NUM_THREADS"])
+    if "torch" in sys.modules:  # loaded before the plugin (a warm worker's, runner/warm_workers.py): set directly
         sys.modules["torch"].set_num_threads(threads)
     return threads
+
+
+def core_share(workers: int) -> dict[str, str]:
+    """The thread-count variables ``share_cores`` gives each of ``workers`` processes; empty for no workers or where
+    the user set ``OMP_NUM_THREADS``."""
+    if workers < 1 or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    return dict.fromkeys(THREADS_ENV, str(threads))
 
 
 def shares_its_gpu(pin: Pin | None) -> bool:

@@ -17,7 +17,9 @@ Importing this module imports neither torch nor Triton nor the implementation, s
 controller starts its workers first: it plans the run (``RunPlan``: the device from the CUDA
 driver's device count, the run id, the GPUs the workers share) at configure time, and loads the
 implementation and the ``SuiteRun`` (``_start``) at its collection step, while its workers start.
-Every other process (a worker, a run without xdist) does both at configure time.
+Every other process (a worker, a run without xdist) does both at configure time. With warm workers
+(``--warm-workers``, the default) the workers are forked from a server of the controller's that imports torch
+and Triton once (``warm_workers``); the controller imports them too while it waits for the server.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from gqa_decode_fuzz.engine.target import (
 from gqa_decode_fuzz.record import mps
 from gqa_decode_fuzz.reference import definitions
 
-from . import mps_server, profiles, shards
+from . import mps_server, profiles, shards, warm_workers
 from .run_state import RunPlan, RunState
 
 # Loaded with this plugin however it is loaded (conftest.py, or an installed copy's pytest11 entry point): an xdist
@@ -157,6 +159,10 @@ _OPTIONS = (
      "shrink each failure for at most SECONDS (Hypothesis's own limit is five minutes), then report the smallest "
      "failing example found by then, noted as such; a --time-budget also stops shrinks once it is spent, but "
      "gives a shrink that starts near its end 10 s"),
+    ("--warm-workers", "GQA_DECODE_WARM_WORKERS", "on", str, warm_workers.MODES, None,
+     "on: xdist's workers are forked from a process of the run's own that has imported torch and Triton once, "
+     "instead of each starting a fresh interpreter that imports them (seconds sooner to the first test on a GPU "
+     "host); off: fresh, as xdist starts them"),
     ("--sanitize-every", "GQA_DECODE_SANITIZE_EVERY", str(isolation.SANITIZE_EVERY), positive_int, None, "N",
      "with --sanitize: about one example in N runs under the sanitizer"),
 )
@@ -238,6 +244,7 @@ def _run_plan(config: pytest.Config) -> RunPlan:
     made = () if inherited else (claims_dir,)
     deadline = _deadline(option.time_budget, worker)
     server, no_server = None, None
+    warm = _warm_server(config, device) if _starts_workers(config) else None
     if controller:  # what its workers inherit through their environment
         os.environ[RUN_ID_ENV] = run_id
         if deadline is not None:
@@ -252,8 +259,26 @@ def _run_plan(config: pytest.Config) -> RunPlan:
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
         controller=controller, claims_dir=claims_dir, made_dirs=made, mps_server=server, no_mps_server=no_server,
-        isolated=isolated, deadline=deadline, child=child,
+        isolated=isolated, deadline=deadline, child=child, warm_server=warm,
     )
+
+
+def _warm_server(config: pytest.Config, device: str) -> warm_workers.Server | None:
+    """An xdist controller about to start its workers: fork them from a server with torch imported
+    (``--warm-workers``). Its imports see what a worker's would: a worker's share of the cores, and on the CPU the
+    Triton interpreter switched on (Triton decides at its import whether its own functions are interpreted)."""
+    if config.option.warm_workers != "on":
+        return None
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # as ``resolve_device`` sets it later, before this process's import
+    tx = config.option.tx
+    server = warm_workers.start(tx, dict(os.environ, **gpus.core_share(len(tx))))
+    if server is not None:
+        config.option.tx = [server.spec()] * len(tx)
+        # The workers wait for the server's imports now: this process makes its own meanwhile, instead of after
+        # they start (its collection step loads the implementation).
+        warm_workers.preload()
+    return server
 
 
 def _launch(option: argparse.Namespace, root: Path, device: str) -> child_start.Launch:
@@ -437,6 +462,10 @@ CHILDREN_INSIDE_MPS = ("gqa-decode: --mps=all: the isolated implementation's chi
                        "so its GPU fault crashes the workers beside it (--mps=auto keeps each child's fault its own)")
 
 
+WARM_WORKERS = ("gqa-decode: warm workers: each forked from a process with torch and Triton imported "
+                "(--warm-workers=off: fresh interpreters)")
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     plan = config.stash[PLAN]
     run = config.stash.get(RUN, None)
@@ -449,6 +478,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
             *([CHILDREN_INSIDE_MPS] if pipe and children_inside else []),
+            *([WARM_WORKERS] if plan.warm_server is not None else []),
             *([f"gqa-decode: time budget {config.option.time_budget} s: no test starts after it, the rest are "
                "reported as not started"] if plan.deadline else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]
@@ -478,6 +508,9 @@ def pytest_collection(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     plan = config.stash.get(PLAN, None)
+    trouble = plan.warm_server.stop() if plan is not None and plan.warm_server is not None else None
+    if trouble is not None:
+        print(f"gqa-decode: the warm workers' server failed ({trouble}); the workers started fresh", file=sys.stderr)
     if plan is not None and plan.mps_server is not None:
         trouble = plan.mps_server.stop()  # after the crash replays (sessionfinish), which may need it
         if trouble is not None:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from gqa_decode_fuzz.record.casefiles import ArtifactBudget
     from gqa_decode_fuzz.reference.definitions import Definition
 
-    from . import mps_server
+    from . import mps_server, warm_workers
 
 __all__ = ["RunPlan", "RunState"]
 
@@ -42,6 +42,7 @@ class RunPlan:
     isolated: bool = False  # the implementation runs in a child process (``isolation``)
     deadline: float | None = None  # --time-budget: no test starts after this time.time()
     child: child_start.Started | None = None  # isolated, not a controller: the child, spawned before torch is here
+    warm_server: warm_workers.Server | None = None  # an xdist controller's: its workers are forked from it
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,305 @@
+"""Warm workers: xdist workers forked from a server process that has already imported torch and Triton.
+
+xdist starts each worker through execnet's popen gateway, a fresh ``python -u -c BOOTSTRAP`` that then imports
+pytest, the plugins, torch and Triton, twelve of them at once on a GPU host: seconds of every run's start
+(docs/performance.md). Here the controller, as it configures, starts one fork server (``serve``) that imports the
+heavy libraries once, while the controller goes on, and points xdist's popen specs at a small launcher (``launch``)
+instead of the interpreter. Each launcher hands the server its standard streams (the gateway's pipes) with its
+environment and working folder; the server forks a worker that takes them over and runs the bootstrap as the fresh
+interpreter would, and tells the launcher the worker's exit status, which the launcher exits with. To execnet and
+xdist the launcher is the worker's process.
+
+Nothing of the run is decided in the server: it imports only third-party libraries (no plugin module, so pytest's
+assert rewriting sees none of them already imported), never touches CUDA (a forked child could not start it),
+and forks before anything is configured, so each worker configures itself as a fresh one would, in its own
+environment (the GPU pin, the MPS server, the thread share: torch's pool is sized in ``gpus.share_cores``).
+Torch's pool and numpy's BLAS are sized for the run's share of the cores before the server imports them.
+
+Where anything fails (no server, a refused hand-over, an interpreter option the server cannot mirror) the launcher
+runs the worker the ordinary way, by ``exec`` of the interpreter with its arguments: a run never depends on the
+server. When a launcher goes (xdist killed it, the controller died), the server kills its worker; the server ends
+with the controller.
+
+This file runs three ways: imported by the plugin (``start``, ``Server``), and as a script, ``serve`` (the fork
+server) and ``launch`` (the launcher, run ``python -I -S``: the standard library only, so it starts in
+milliseconds). Its top level therefore imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+MODES = ("on", "off")
+# What the server imports before it forks: the libraries every worker imports, heaviest first. None of them is a
+# pytest plugin's module (pytest warns where one was imported before it could rewrite its asserts).
+PRELOAD = ("numpy", "torch", "triton", "triton.language", "pytest")
+READY_TIMEOUT_S = 120.0  # a launcher's wait for its worker's fork: the server's imports come first
+_MESSAGE_BYTES = 1 << 20  # a launcher's request: its environment and folder, as JSON
+
+
+def supported() -> bool:
+    """Whether this platform can fork workers from a server: fork, Unix sockets and descriptor passing."""
+    return hasattr(os, "fork") and hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds") \
+        and hasattr(socket, "SOCK_SEQPACKET")
+
+
+def preload() -> None:
+    """Import ``PRELOAD`` (what is missing is left to the process that needs it)."""
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            __import__(name)
+
+
+# ---- the controller's side ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """The run's fork server: its process, its folder (the socket and its log)."""
+
+    process: subprocess.Popen
+    directory: Path
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "server.log"
+
+    def spec(self) -> str:
+        """xdist's ``--tx`` for a worker started by a launcher that asks this server."""
+        launcher = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "launch",
+                    str(self.directory / "socket"), sys.executable]
+        return "popen//python=" + shlex.join(launcher)
+
+    def stop(self) -> str | None:
+        """End the server; None, or what went wrong with it during the run (its workers then started fresh)."""
+        trouble = None
+        if self.process.poll() is not None:  # it ended on its own: a failed start
+            tail = self.log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:] \
+                if self.log.exists() else []
+            trouble = f"it exited {self.process.returncode}: " + " | ".join(tail)
+        else:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for path in self.directory.glob("*"):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()
+        return trouble
+
+
+def start(tx: list[str], environment: dict[str, str]) -> Server | None:
+    """Start the fork server for xdist's workers, given its ``--tx`` specs; None where they are not plain
+    ``popen`` (a user's own specs stay theirs) or the platform cannot. ``environment``: the server's (the
+    workers bring their own; this one governs its imports, such as the thread counts)."""
+    if not tx or any(spec != "popen" for spec in tx) or not supported():
+        return None
+    directory = Path(tempfile.mkdtemp(prefix="gqa-decode-warm-"))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(str(directory / "socket"))
+        listener.listen(len(tx) + 8)  # launchers queue here while the server imports
+        with open(directory / "server.log", "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-u", str(Path(__file__).resolve()), "serve", str(listener.fileno()),
+                 str(os.getpid())],
+                pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=environment)
+    except OSError:
+        listener.close()
+        for path in directory.glob("*"):
+            path.unlink(missing_ok=True)
+        directory.rmdir()
+        return None
+    listener.close()  # the server's copy alone: if it dies, launchers are refused and start workers fresh
+    return Server(process, directory)
+
+
+# ---- the fork server -----------------------------------------------------------------------------------------
+
+
+def serve(listener_fd: int, controller: int) -> None:
+    """Import ``PRELOAD``, then fork a worker for each launcher that connects, until the controller is gone."""
+    sys.path[0] = ""  # as in ``python -c``, which a worker is to itself
+    preload()
+    listener = socket.socket(fileno=listener_fd)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "listener")
+    while os.getppid() == controller:
+        for key, _ in selector.select(timeout=0.5):
+            if key.data == "listener":
+                _fork_worker(listener, selector)
+            else:  # a launcher that went away, or a worker that ended (``key.data``: the worker)
+                key.data.ended(selector, killed=key.fileobj is key.data.connection)
+        for key in list(selector.get_map().values()):  # without pidfds, workers are polled
+            if key.data != "listener" and key.data.pidfd is None and key.fileobj is key.data.connection:
+                key.data.ended(selector, killed=False, poll=True)
+
+
+@dataclass
+class _Worker:
+    """A forked worker: its pid, its launcher's connection, and its pidfd (None where the platform has none)."""
+
+    pid: int
+    connection: socket.socket
+    pidfd: int | None
+    done: bool = False
+
+    def ended(self, selector: selectors.BaseSelector, *, killed: bool, poll: bool = False) -> None:
+        """Its launcher went (``killed``: kill the worker) or it may have ended: where it has, tell the launcher
+        how (a negative number: the signal that ended it) and forget it."""
+        if self.done:  # both its connection and its pidfd were ready
+            return
+        if killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG if poll else 0)
+        except ChildProcessError:
+            pid, status = self.pid, 1 << 8
+        if pid == 0:
+            return
+        self.done = True
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        with contextlib.suppress(OSError):
+            self.connection.sendall(f"exit {code}".encode())
+        for held in (self.connection, self.pidfd):
+            if held is not None:
+                selector.unregister(held)
+        self.connection.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+
+
+def _fork_worker(listener: socket.socket, selector: selectors.BaseSelector) -> None:
+    """Accept a launcher, receive its request and fork its worker. A request that cannot be read is dropped: its
+    launcher, told nothing, starts its worker fresh."""
+    connection, _ = listener.accept()
+    try:
+        message, descriptors, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, 3)
+        request = json.loads(message)
+    except (OSError, ValueError):
+        connection.close()
+        return
+    if len(descriptors) != 3:
+        for descriptor in descriptors:
+            os.close(descriptor)
+        connection.close()
+        return
+    pid = os.fork()
+    if pid == 0:  # the child never returns to the loop: its SystemExit, or any exception, ends the interpreter
+        held = [listener, connection, *_held(selector)]
+        selector.close()
+        _become_worker(request, descriptors, held)
+    for descriptor in descriptors:
+        os.close(descriptor)
+    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    worker = _Worker(pid, connection, pidfd)
+    selector.register(connection, selectors.EVENT_READ, worker)
+    if pidfd is not None:
+        selector.register(pidfd, selectors.EVENT_READ, worker)
+    try:
+        connection.sendall(f"forked {pid}".encode())
+    except OSError:  # the launcher is gone already
+        worker.ended(selector, killed=True)
+
+
+def _held(selector: selectors.BaseSelector) -> list:
+    """The other workers' connections and pidfds, which a new worker must not keep open."""
+    return [key.fileobj for key in selector.get_map().values() if key.data != "listener"]
+
+
+def _become_worker(request: dict, descriptors: list[int], held: list) -> None:
+    """In the forked child: take the launcher's streams, environment and folder, and run the bootstrap. It never
+    returns: it ends as ``python -c`` would, by the SystemExit or exception that leaves this interpreter, whose
+    ordinary exit follows (exit handlers, finalisers)."""
+    for thing in held:
+        if isinstance(thing, int):
+            os.close(thing)
+        else:
+            thing.close()
+    for number, descriptor in enumerate(descriptors):
+        os.dup2(descriptor, number)
+        os.close(descriptor)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["-c"]
+    sys.dont_write_bytecode = request["dont_write_bytecode"]
+    main = types.ModuleType("__main__")  # a fresh one: multiprocessing's spawn must not import this script
+    sys.modules["__main__"] = main
+    exec(compile(request["code"], "<string>", "exec"), main.__dict__)
+    raise SystemExit(0)
+
+
+# ---- the launcher ------------------------------------------------------------------------------------------
+
+
+def launch(socket_path: str, python: str, arguments: list[str]) -> None:
+    """Have the server fork the worker execnet asked for (``python ARGUMENTS``: ``-u [-B] -c CODE``), then wait
+    for it and exit as it did; start it fresh where the server cannot."""
+    request = _request(arguments)
+    connection = _handed_over(socket_path, request) if request is not None else None
+    if connection is None:
+        os.execv(python, [python, *arguments])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the worker's to handle, as without a launcher
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for number in range(3):  # the worker holds the pipes now: their ends close when it ends
+        os.dup2(devnull, number)
+    answer = b""
+    with contextlib.suppress(OSError):
+        answer = connection.recv(64)
+    code = int(answer.split()[1]) if answer.startswith(b"exit ") else 1
+    if code < 0:  # ended by a signal: so does this process, as the worker's parent sees it
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, and needs not be
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+def _request(arguments: list[str]) -> dict | None:
+    """The server's request for ``python ARGUMENTS``, or None where it holds an option the server cannot mirror."""
+    options, code = arguments[:-2], arguments[-2:]
+    if len(code) != 2 or code[0] != "-c" or any(option not in ("-u", "-B") for option in options):
+        return None
+    return {"code": code[1], "cwd": os.getcwd(), "env": dict(os.environ), "dont_write_bytecode": "-B" in options}
+
+
+def _handed_over(socket_path: str, request: dict) -> socket.socket | None:
+    """Send the request with this process's standard streams; the connection once the worker is forked, else
+    None (the streams are still this process's alone)."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.settimeout(READY_TIMEOUT_S)
+        connection.connect(socket_path)
+        socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+        if not connection.recv(64).startswith(b"forked "):
+            raise OSError("no worker forked")
+    except OSError:
+        connection.close()
+        return None
+    connection.settimeout(None)
+    return connection
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "launch":
+        launch(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        sys.exit(f"{sys.argv[0]}: expected serve or launch, not {sys.argv[1]!r}")
