@@ -245,6 +245,9 @@ def _run_plan(config: pytest.Config) -> RunPlan:
     deadline = _deadline(option.time_budget, worker)
     server, no_server = None, None
     warm = _warm_server(config, device) if _starts_workers(config) else None
+    # The workers wait for the server's imports: this process makes its own meanwhile, as it starts them, instead
+    # of after (its collection step, which loads the implementation, waits for them).
+    preloading = warm_workers.preload_meanwhile() if warm is not None else None
     if controller:  # what its workers inherit through their environment
         os.environ[RUN_ID_ENV] = run_id
         if deadline is not None:
@@ -259,7 +262,7 @@ def _run_plan(config: pytest.Config) -> RunPlan:
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
         controller=controller, claims_dir=claims_dir, made_dirs=made, mps_server=server, no_mps_server=no_server,
-        isolated=isolated, deadline=deadline, child=child, warm_server=warm,
+        isolated=isolated, deadline=deadline, child=child, warm_server=warm, preloading=preloading,
     )
 
 
@@ -275,9 +278,6 @@ def _warm_server(config: pytest.Config, device: str) -> warm_workers.Server | No
     server = warm_workers.start(tx, dict(os.environ, **gpus.core_share(len(tx))))
     if server is not None:
         config.option.tx = [server.spec()] * len(tx)
-        # The workers wait for the server's imports now: this process makes its own meanwhile, instead of after
-        # they start (its collection step loads the implementation).
-        warm_workers.preload()
     return server
 
 
@@ -400,9 +400,12 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
 
 def _start(config: pytest.Config) -> SuiteRun:
     """Load the implementation (and with it torch) and register the run's ``SuiteRun``."""
+    plan = config.stash[PLAN]
+    if plan.preloading is not None:
+        plan.preloading.join()
     from .suite_run import SuiteRun  # torch: after the workers start
 
-    state = _run_state(config, config.stash[PLAN])
+    state = _run_state(config, plan)
     if state.plan.controller and state.plan.isolated:  # it runs no test: its child only told the declarations
         state.target.function.close()
     config.stash[RUN] = state

@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,14 @@ def preload() -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
+
+
+def preload_meanwhile() -> threading.Thread:
+    """``preload`` in a thread of this process, started now: the controller's imports while its workers wait for
+    the server's (join it before this process needs them)."""
+    thread = threading.Thread(target=preload, name="gqa-decode-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 # ---- the controller's side ---------------------------------------------------------------------------------

@@ -106,18 +106,19 @@ def test_a_worker_without_the_runs_cuda_device_fails_instead_of_testing_on_the_c
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu"])
-@pytest.mark.parametrize(("warm", "imported"), [("off", ["none"]), ("on", ["torch", "triton"])])
-def test_the_xdist_controller_starts_its_workers_before_loading_the_implementation(tmp_path, device, warm, imported):
+@pytest.mark.parametrize("warm", ["off", "on"])
+def test_the_xdist_controller_starts_its_workers_before_loading_the_implementation(tmp_path, device, warm):
     """Its workers start at once; it loads the implementation (and checks it) while they start. Fresh workers
     (``--warm-workers=off``) start before it imports torch too; warm ones wait for their server's imports of torch
-    and Triton, and it makes its own meanwhile."""
+    and Triton, and it makes its own meanwhile, in a thread (how far it has got varies)."""
     log = tmp_path / "imported.txt"
     env = clean_environment(GQA_DECODE_REPORT_DIR="none", SPAWN_IMPORTS_LOG=str(log))
     result = run_pytest("-p", "tests.spawn_imports", "properties/test_edge_shapes.py", "-n", "2", f"--device={device}",
                         "--hypothesis-profile=ci", "-k", "test_batch_zero_gives_empty_results",
                         f"--warm-workers={warm}", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert log.read_text().split() == imported
+    imported = log.read_text().split()
+    assert imported == ["none"] if warm == "off" else "gqa_decode_fuzz.kernel" not in imported
     import torch
 
     expected = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu"
