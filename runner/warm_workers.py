@@ -51,9 +51,9 @@ _MESSAGE_BYTES = 1 << 20  # a launcher's request: its environment and folder, as
 
 
 def supported() -> bool:
-    """Whether this platform can fork workers from a server: fork, Unix sockets and descriptor passing."""
-    return hasattr(os, "fork") and hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds") \
-        and hasattr(socket, "SOCK_SEQPACKET")
+    """Whether this platform can fork workers from a server: Linux (fork, Unix sequenced-packet sockets, descriptor
+    passing; elsewhere the workers start fresh)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
 
 
 def preload() -> None:
@@ -119,8 +119,9 @@ def start(tx: list[str], environment: dict[str, str]) -> Server | None:
     if not tx or any(spec != "popen" for spec in tx) or not supported():
         return None
     directory = Path(tempfile.mkdtemp(prefix="gqa-decode-warm-"))
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener = None
     try:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(str(directory / "socket"))
         listener.listen(len(tx) + 8)  # launchers queue here while the server imports
         with open(directory / "server.log", "wb") as log:
@@ -129,7 +130,8 @@ def start(tx: list[str], environment: dict[str, str]) -> Server | None:
                  str(os.getpid())],
                 pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=environment)
     except OSError:
-        listener.close()
+        if listener is not None:
+            listener.close()
         for path in directory.glob("*"):
             path.unlink(missing_ok=True)
         directory.rmdir()
