@@ -245,9 +245,6 @@ def _run_plan(config: pytest.Config) -> RunPlan:
     deadline = _deadline(option.time_budget, worker)
     server, no_server = None, None
     warm = _warm_server(config, device) if _starts_workers(config) else None
-    # The workers wait for the server's imports: this process makes its own meanwhile, as it starts them, instead
-    # of after (its collection step, which loads the implementation, waits for them).
-    preloading = warm_workers.preload_meanwhile() if warm is not None else None
     if controller:  # what its workers inherit through their environment
         os.environ[RUN_ID_ENV] = run_id
         if deadline is not None:
@@ -258,6 +255,10 @@ def _run_plan(config: pytest.Config) -> RunPlan:
             made += (gpus.export_gpus(ids, gpus.workers_per_gpu(option.workers_per_gpu, len(ids))),)
             if _starts_workers(config):
                 server, no_server = _own_mps_server(option.mps, ids, option.numprocesses or 0)
+    # The workers wait for the server's imports: this process makes its own meanwhile, as it starts them, instead
+    # of after (its collection step, which loads the implementation, waits for them). Only now: the thread reads
+    # the environment as it imports, which must not be written beside it.
+    preloading = warm_workers.preload_meanwhile() if warm is not None else None
     return RunPlan(
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
@@ -278,6 +279,7 @@ def _warm_server(config: pytest.Config, device: str) -> warm_workers.Server | No
     server = warm_workers.start(tx, dict(os.environ, **gpus.core_share(len(tx))))
     if server is not None:
         config.option.tx = [server.spec()] * len(tx)
+        config.add_cleanup(server.stop)  # where configuring fails after this (unconfigure stops it otherwise)
     return server
 
 

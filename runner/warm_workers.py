@@ -38,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +94,11 @@ class Server:
         return "popen//python=" + shlex.join(launcher)
 
     def stop(self) -> str | None:
-        """End the server; None, or what went wrong with it during the run (its workers then started fresh)."""
+        """End the server; None, or what went wrong with it during the run (its workers then started fresh). A
+        second stop does nothing."""
         trouble = None
+        if not self.directory.exists():
+            return None
         if self.process.poll() is not None:  # it ended on its own: a failed start
             tail = self.log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:] \
                 if self.log.exists() else []
@@ -123,7 +128,7 @@ def start(tx: list[str], environment: dict[str, str]) -> Server | None:
     try:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(str(directory / "socket"))
-        listener.listen(len(tx) + 8)  # launchers queue here while the server imports
+        listener.listen(128)  # launchers queue here while the server imports
         with open(directory / "server.log", "wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-u", str(Path(__file__).resolve()), "serve", str(listener.fileno()),
@@ -145,7 +150,11 @@ def start(tx: list[str], environment: dict[str, str]) -> Server | None:
 
 def serve(listener_fd: int, controller: int) -> None:
     """Import ``PRELOAD``, then fork a worker for each launcher that connects, until the controller is gone."""
-    sys.path[0] = ""  # as in ``python -c``, which a worker is to itself
+    if not sys.flags.safe_path:  # as in ``python -c``, which a worker is to itself (-P keeps the first path)
+        sys.path[0] = ""
+    # A terminal's Ctrl-C reaches the whole process group: it is the workers' to handle, and the server stays to
+    # tell each launcher how its worker ended.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     preload()
     listener = socket.socket(fileno=listener_fd)
     selector = selectors.DefaultSelector()
@@ -153,80 +162,124 @@ def serve(listener_fd: int, controller: int) -> None:
     while os.getppid() == controller:
         for key, _ in selector.select(timeout=0.5):
             if key.data == "listener":
-                _fork_worker(listener, selector)
-            else:  # a launcher that went away, or a worker that ended (``key.data``: the worker)
-                key.data.ended(selector, killed=key.fileobj is key.data.connection)
-        for key in list(selector.get_map().values()):  # without pidfds, workers are polled
-            if key.data != "listener" and key.data.pidfd is None and key.fileobj is key.data.connection:
-                key.data.ended(selector, killed=False, poll=True)
+                _serve_one(listener, selector)
+            elif key.fileobj is key.data.pidfd:  # a worker that ended
+                key.data.ended(selector, launcher_gone=False)
+            elif _hung_up(key.fileobj):  # a launcher that went away (else: its go, which its worker reads)
+                key.data.ended(selector, launcher_gone=True)
+        for worker in _workers(selector):
+            if worker.pidfd is None:  # without pidfds, workers are polled
+                worker.ended(selector, launcher_gone=False)
 
 
-@dataclass
+def _serve_one(listener: socket.socket, selector: selectors.BaseSelector) -> None:
+    """Fork a worker for the next launcher; whatever goes wrong here costs that launcher its warm start (told
+    nothing, it starts its worker fresh), never the server."""
+    connection, _ = listener.accept()
+    try:
+        _fork_worker(connection, listener, selector)
+    except Exception:  # noqa: BLE001 - logged; the handshake keeps a half-started worker from running
+        traceback.print_exc()
+        connection.close()
+
+
+@dataclass(eq=False)
 class _Worker:
     """A forked worker: its pid, its launcher's connection, and its pidfd (None where the platform has none)."""
 
     pid: int
     connection: socket.socket
     pidfd: int | None
-    done: bool = False
+    reported: bool = False
 
-    def ended(self, selector: selectors.BaseSelector, *, killed: bool, poll: bool = False) -> None:
-        """Its launcher went (``killed``: kill the worker) or it may have ended: where it has, tell the launcher
-        how (a negative number: the signal that ended it) and forget it."""
-        if self.done:  # both its connection and its pidfd were ready
-            return
-        if killed:
+    def ended(self, selector: selectors.BaseSelector, *, launcher_gone: bool) -> None:
+        """Its launcher went (kill the worker) or it may have ended: once it has, tell the launcher how (a negative
+        number: the signal that ended it) and forget it."""
+        if launcher_gone:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
+            if self.pidfd is not None:  # its pidfd tells when it has gone; the server waits for nobody
+                _unregister(selector, self.connection)
+                return
         try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG if poll else 0)
+            pid, status = os.waitpid(self.pid, 0 if launcher_gone else os.WNOHANG)
         except ChildProcessError:
             pid, status = self.pid, 1 << 8
-        if pid == 0:
+        if pid == 0 or self.reported:
             return
-        self.done = True
+        self.reported = True
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         with contextlib.suppress(OSError):
             self.connection.sendall(f"exit {code}".encode())
-        for held in (self.connection, self.pidfd):
-            if held is not None:
-                selector.unregister(held)
+        _unregister(selector, self.connection)
         self.connection.close()
         if self.pidfd is not None:
+            _unregister(selector, self.pidfd)
             os.close(self.pidfd)
 
 
-def _fork_worker(listener: socket.socket, selector: selectors.BaseSelector) -> None:
-    """Accept a launcher, receive its request and fork its worker. A request that cannot be read is dropped: its
-    launcher, told nothing, starts its worker fresh."""
-    connection, _ = listener.accept()
+def _hung_up(connection: socket.socket) -> bool:
+    """Whether a launcher's connection is at its end (nothing waiting to be read would be a go for the worker)."""
     try:
-        message, descriptors, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, 3)
+        return connection.recv(16, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def _unregister(selector: selectors.BaseSelector, held: socket.socket | int) -> None:
+    with contextlib.suppress(KeyError, ValueError):
+        selector.unregister(held)
+
+
+def _workers(selector: selectors.BaseSelector) -> list[_Worker]:
+    return list({key.data for key in selector.get_map().values() if key.data != "listener"})
+
+
+def _fork_worker(connection: socket.socket, listener: socket.socket, selector: selectors.BaseSelector) -> None:
+    """Receive a launcher's request and fork its worker. The worker takes over nothing before the launcher's go
+    (sent once the launcher has heard "forked"), and says "started" once it has, before the launcher lets go of its
+    streams: a launcher that gave up and started its worker fresh, or whose server failed before it heard
+    "forked", leaves a child that ends untouched, never a second reader of the same pipes."""
+    message, descriptors, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, 3)
+    try:
         request = json.loads(message)
-    except (OSError, ValueError):
-        connection.close()
-        return
-    if len(descriptors) != 3:
-        for descriptor in descriptors:
-            os.close(descriptor)
-        connection.close()
-        return
-    pid = os.fork()
-    if pid == 0:  # the child never returns to the loop: its SystemExit, or any exception, ends the interpreter
-        held = [listener, connection, *_held(selector)]
-        selector.close()
-        _become_worker(request, descriptors, held)
-    for descriptor in descriptors:
-        os.close(descriptor)
-    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+        if len(descriptors) != 3:
+            raise ValueError(f"{len(descriptors)} descriptors, not 3")
+        server = os.getpid()
+        pid = os.fork()
+    except BaseException:
+        _close(descriptors)
+        raise
+    if pid == 0:  # the child never returns to the loop: it ends by the SystemExit that leaves this interpreter
+        try:
+            held = [listener, *_held(selector)]
+            selector.close()
+            _become_worker(request, descriptors, connection, held, server)
+        except SystemExit:
+            raise
+        except BaseException:  # noqa: BLE001 - as ``python -c`` would: print it and exit 1
+            traceback.print_exc()
+            raise SystemExit(1) from None
+    _close(descriptors)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # an old kernel, or a sandbox that refuses it: polled instead
+        pidfd = None
     worker = _Worker(pid, connection, pidfd)
     selector.register(connection, selectors.EVENT_READ, worker)
     if pidfd is not None:
         selector.register(pidfd, selectors.EVENT_READ, worker)
     try:
         connection.sendall(f"forked {pid}".encode())
-    except OSError:  # the launcher is gone already
-        worker.ended(selector, killed=True)
+    except OSError:  # the launcher is gone already: its child gets no go, and ends
+        worker.ended(selector, launcher_gone=True)
+
+
+def _close(descriptors: list[int]) -> None:
+    for descriptor in descriptors:
+        os.close(descriptor)
 
 
 def _held(selector: selectors.BaseSelector) -> list:
@@ -234,18 +287,31 @@ def _held(selector: selectors.BaseSelector) -> list:
     return [key.fileobj for key in selector.get_map().values() if key.data != "listener"]
 
 
-def _become_worker(request: dict, descriptors: list[int], held: list) -> None:
-    """In the forked child: take the launcher's streams, environment and folder, and run the bootstrap. It never
-    returns: it ends as ``python -c`` would, by the SystemExit or exception that leaves this interpreter, whose
-    ordinary exit follows (exit handlers, finalisers)."""
+def _become_worker(request: dict, descriptors: list[int], connection: socket.socket, held: list,
+                   server: int) -> None:
+    """In the forked child: wait for the launcher's go, take its streams, environment and folder, and run the
+    bootstrap. It never returns: it ends as ``python -c`` would, by the SystemExit or exception that leaves this
+    interpreter, whose ordinary exit follows (exit handlers, finalisers)."""
     for thing in held:
         if isinstance(thing, int):
             os.close(thing)
         else:
             thing.close()
+    connection.settimeout(0.5)
+    while True:  # the go, or the end: the launcher gave up (EOF), or the server that would tell it died
+        try:
+            if connection.recv(16) != b"go":
+                os._exit(0)
+            break
+        except TimeoutError:
+            if os.getppid() != server:
+                os._exit(0)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for number, descriptor in enumerate(descriptors):
         os.dup2(descriptor, number)
         os.close(descriptor)
+    connection.sendall(b"started")
+    connection.close()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -264,17 +330,20 @@ def launch(socket_path: str, python: str, arguments: list[str]) -> None:
     """Have the server fork the worker execnet asked for (``python ARGUMENTS``: ``-u [-B] -c CODE``), then wait
     for it and exit as it did; start it fresh where the server cannot."""
     request = _request(arguments)
-    connection = _handed_over(socket_path, request) if request is not None else None
-    if connection is None:
+    handed = _handed_over(socket_path, request) if request is not None else None
+    if handed is None:
         os.execv(python, [python, *arguments])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the worker's to handle, as without a launcher
+    connection, worker = handed
     devnull = os.open(os.devnull, os.O_RDWR)
     for number in range(3):  # the worker holds the pipes now: their ends close when it ends
         os.dup2(devnull, number)
     answer = b""
     with contextlib.suppress(OSError):
         answer = connection.recv(64)
-    code = int(answer.split()[1]) if answer.startswith(b"exit ") else 1
+    if not answer.startswith(b"exit "):  # the server is gone: wait for the worker itself, its status unknown
+        _wait_for(worker)
+        sys.exit(1)
+    code = int(answer.split()[1])
     if code < 0:  # ended by a signal: so does this process, as the worker's parent sees it
         with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, and needs not be
             signal.signal(-code, signal.SIG_DFL)
@@ -290,21 +359,40 @@ def _request(arguments: list[str]) -> dict | None:
     return {"code": code[1], "cwd": os.getcwd(), "env": dict(os.environ), "dont_write_bytecode": "-B" in options}
 
 
-def _handed_over(socket_path: str, request: dict) -> socket.socket | None:
-    """Send the request with this process's standard streams; the connection once the worker is forked, else
-    None (the streams are still this process's alone)."""
+def _handed_over(socket_path: str, request: dict) -> tuple[socket.socket, int] | None:
+    """Send the request with this process's standard streams and, once the worker is forked, tell it to go; the
+    connection and the worker's pid once it has started, else None (the streams are still this process's alone:
+    a worker that did not start has ended untouched)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         connection.settimeout(READY_TIMEOUT_S)
         connection.connect(socket_path)
         socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
-        if not connection.recv(64).startswith(b"forked "):
+        forked = connection.recv(64)
+        if not forked.startswith(b"forked "):
             raise OSError("no worker forked")
+        # From the go on, no time limit: the worker either starts at once or ends, and either way this ends.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the worker's to handle, as without a launcher
+        connection.settimeout(None)
+        connection.sendall(b"go")
+        if connection.recv(64) != b"started":
+            raise OSError("the worker did not start")
     except OSError:
         connection.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored, it would stay so in a fresh worker
         return None
-    connection.settimeout(None)
-    return connection
+    return connection, int(forked.split()[1])
+
+
+def _wait_for(pid: int) -> None:
+    """Until the process ``pid`` (not this one's child) has ended."""
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1].startswith("Z"):
+                return  # ended, not yet reaped
+        except OSError:  # gone
+            return
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":

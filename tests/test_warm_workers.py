@@ -72,6 +72,63 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_an_interrupt_to_the_process_group_leaves_the_server_serving(server):
+    os.kill(server.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the run's whole process group
+    result = subprocess.run([*_launcher(server), "-u", "-c", "print('served')"], capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stdout) == (0, "served\n") and server.process.poll() is None
+
+
+def test_a_server_that_dies_before_its_launcher_hears_forked_leaves_one_worker(tmp_path):
+    """The forked child waits for its launcher's go; the launcher, told nothing, starts its worker fresh: one
+    process runs the code, not two readers of the same pipes."""
+    dying = tmp_path / "dying_server.py"  # the server, made to die right after its first fork
+    dying.write_text("import os, runpy, socket, sys\n"
+                     "sendall = socket.socket.sendall\n"
+                     "def die_at_forked(self, data, *args):\n"
+                     "    if data.startswith(b'forked'):\n"
+                     "        os._exit(1)\n"
+                     "    return sendall(self, data, *args)\n"
+                     "socket.socket.sendall = die_at_forked\n"
+                     f"sys.argv = [{warm_workers.__file__!r}, *sys.argv[1:]]\n"
+                     f"runpy.run_path({warm_workers.__file__!r}, run_name='__main__')\n")
+    server = _started_with(dying)
+    try:
+        result = subprocess.run([*_launcher(server), "-u", "-c", REPORT], input="once\n", capture_output=True,
+                                text=True, timeout=120)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    [line] = result.stdout.splitlines()
+    assert line.split()[1] == "False"  # the fresh interpreter's: no torch
+
+
+def _started_with(script: Path) -> warm_workers.Server:
+    """A server run from ``script`` in place of warm_workers.py (``start`` with its command swapped)."""
+    real = warm_workers.Path.resolve
+    try:
+        warm_workers.Path.resolve = lambda path: script if path.name == "warm_workers.py" else real(path)
+        server = warm_workers.start(["popen"], dict(os.environ))
+    finally:
+        warm_workers.Path.resolve = real
+    assert server is not None
+    return server
+
+
+def test_a_forked_worker_has_the_search_path_a_fresh_one_has(tmp_path):
+    (tmp_path / "only_on_pythonpath.py").write_text("")
+    environment = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=str(tmp_path))
+    server = warm_workers.start(["popen"], environment)
+    code = "import sys, only_on_pythonpath; print(sys.path[:2])"
+    try:
+        warm = subprocess.run([*_launcher(server), "-u", "-c", code], capture_output=True, text=True, env=environment,
+                              timeout=120)
+    finally:
+        server.stop()
+    fresh = subprocess.run([sys.executable, "-u", "-c", code], capture_output=True, text=True, env=environment)
+    assert (warm.returncode, warm.stdout) == (fresh.returncode, fresh.stdout) == (0, fresh.stdout), warm.stderr
+
+
 @pytest.mark.parametrize("arguments", [
     pytest.param(["-u", "-c"], id="no server"),
     pytest.param(["-X", "dev", "-u", "-c"], id="an option the server cannot mirror"),
