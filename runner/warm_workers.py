@@ -13,12 +13,14 @@ Nothing of the run is decided in the server: it imports only third-party librari
 assert rewriting sees none of them already imported), never touches CUDA (a forked child could not start it),
 and forks before anything is configured, so each worker configures itself as a fresh one would, in its own
 environment (the GPU pin, the MPS server, the thread share: torch's pool is sized in ``gpus.share_cores``).
-Torch's pool and numpy's BLAS are sized for the run's share of the cores before the server imports them.
+What the libraries read as they load is set for the server by the controller: numpy's BLAS sized for a worker's
+share of the cores, and on the CPU Triton's interpreter.
 
 Where anything fails (no server, a refused hand-over, an interpreter option the server cannot mirror) the launcher
 runs the worker the ordinary way, by ``exec`` of the interpreter with its arguments: a run never depends on the
-server. When a launcher goes (xdist killed it, the controller died), the server kills its worker; the server ends
-with the controller.
+server. The hand-over is a handshake (request, "forked", go, "started"), so that a launcher that falls back never
+shares its pipes with a forked child (``_fork_worker``). When a launcher goes (xdist killed it), the server kills
+its worker; the server ignores Ctrl-C (the workers' to handle) and ends with the controller.
 
 This file runs three ways: imported by the plugin (``start``, ``Server``), and as a script, ``serve`` (the fork
 server) and ``launch`` (the launcher, run ``python -I -S``: the standard library only, so it starts in
