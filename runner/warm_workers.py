@@ -165,7 +165,7 @@ def serve(listener_fd: int, controller: int) -> None:
         for key, _ in selector.select(timeout=0.5):
             if key.data == "listener":
                 _serve_one(listener, selector)
-            elif key.fileobj is key.data.pidfd:  # a worker that ended
+            elif key.fileobj == key.data.pidfd:  # a worker that ended
                 key.data.ended(selector, launcher_gone=False)
             elif _hung_up(key.fileobj):  # a launcher that went away (else: its go, which its worker reads)
                 key.data.ended(selector, launcher_gone=True)
@@ -177,7 +177,11 @@ def serve(listener_fd: int, controller: int) -> None:
 def _serve_one(listener: socket.socket, selector: selectors.BaseSelector) -> None:
     """Fork a worker for the next launcher; whatever goes wrong here costs that launcher its warm start (told
     nothing, it starts its worker fresh), never the server."""
-    connection, _ = listener.accept()
+    try:
+        connection, _ = listener.accept()
+    except OSError:  # out of descriptors, say: that launcher gives up in time and starts its worker fresh
+        traceback.print_exc()
+        return
     try:
         _fork_worker(connection, listener, selector)
     except Exception:  # noqa: BLE001 - logged; the handshake keeps a half-started worker from running

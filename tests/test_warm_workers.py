@@ -73,9 +73,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_an_interrupt_to_the_process_group_leaves_the_server_serving(server):
+    served = [*_launcher(server), "-u", "-c", "print('served')"]
+    assert subprocess.run(served, capture_output=True, timeout=120).returncode == 0  # the server is up
     os.kill(server.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the run's whole process group
-    result = subprocess.run([*_launcher(server), "-u", "-c", "print('served')"], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(served, capture_output=True, text=True, timeout=120)
     assert (result.returncode, result.stdout) == (0, "served\n") and server.process.poll() is None
 
 
