@@ -125,7 +125,10 @@ def start(tx: list[str], environment: dict[str, str]) -> Server | None:
     workers bring their own; this one governs its imports, such as the thread counts)."""
     if not tx or any(spec != "popen" for spec in tx) or not supported():
         return None
-    directory = Path(tempfile.mkdtemp(prefix="gqa-decode-warm-"))
+    try:
+        directory = Path(tempfile.mkdtemp(prefix="gqa-decode-warm-"))
+    except OSError:  # no writable temporary folder: fresh workers
+        return None
     listener = None
     try:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
