@@ -243,10 +243,9 @@ def _write_json(path: Path | None, result: dict) -> None:
 def _check(args: argparse.Namespace) -> dict:
     spec, solution = _target(args.target)
     definitions = _definitions(args, solution)
-    for name in ("time_budget", "shrink_limit"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise CommandError(f"--{name.replace('_', '-')}={getattr(args, name)}: expected a positive number of "
-                               "seconds")
+    for flag, seconds in (("--time-budget", args.time_budget), ("--shrink-limit", args.shrink_limit)):
+        if seconds is not None and seconds < 1:
+            raise CommandError(f"{flag}={seconds}: expected a positive number of seconds")
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="check-", dir=args.out)).resolve()
     start = time.monotonic()

@@ -676,6 +676,7 @@ class SuiteRun:
         if failures:  # where a long run's end goes, while it goes (the terminal summary waits for the probes)
             _progress(f"\ngqa-decode: {len(failures)} failing properties (their variants) read and the verdicts "
                       f"written in {time.monotonic() - started:.1f} s; grouping them into root causes")
+            started = time.monotonic()
             self.causes = self._find_causes(failures)
             probes = self.causes["probes"]
             _progress(f"gqa-decode: grouped in {time.monotonic() - started:.1f} s ({probes['used']} probes, "

@@ -34,6 +34,7 @@ import json
 import os
 import selectors
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,10 +113,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        for path in self.directory.glob("*"):
-            path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            self.directory.rmdir()
+        shutil.rmtree(self.directory, ignore_errors=True)
         return trouble
 
 
@@ -142,9 +140,7 @@ def start(tx: list[str], environment: dict[str, str]) -> Server | None:
     except OSError:
         if listener is not None:
             listener.close()
-        for path in directory.glob("*"):
-            path.unlink(missing_ok=True)
-        directory.rmdir()
+        shutil.rmtree(directory, ignore_errors=True)
         return None
     listener.close()  # the server's copy alone: if it dies, launchers are refused and start workers fresh
     return Server(process, directory)
