@@ -1,6 +1,6 @@
 """Makes Triton's CPU interpreter compute bf16 like the GPU does.
 
-Two defects of the interpreter (``TRITON_INTERPRET=1``) matter to this kernel:
+Three defects of the interpreter (``TRITON_INTERPRET=1``) matter to this kernel:
 
 * ``tl.dot`` on bfloat16 operands multiplies the raw uint16 bit patterns, since
   the interpreter stores bf16 as uint16 and hands those arrays to ``np.matmul``
@@ -8,6 +8,12 @@ Two defects of the interpreter (``TRITON_INTERPRET=1``) matter to this kernel:
   11585, was declined, so bf16 stays unsupported there.
 * float32 -> bfloat16 conversion truncates toward zero, where the GPU rounds to
   nearest even: CPU results would carry about twice the GPU's rounding error.
+* ``tl.dot`` is ``np.matmul``, and the BLAS under it may sum a row's products in
+  an order that depends on the row's place in the tile (numpy 2.4's OpenBLAS
+  does for 16-row tiles): equal rows then give results an ulp apart, where the
+  GPU's matrix units give equal rows equal results. Query heads that share a KV
+  head are rows of one tile, so the suite's equal-heads property would fail the
+  kernel for the BLAS's doing. Patched: every row summed in one order.
 
 ``install()`` probes the interpreter for each defect and patches only what is
 still broken, so the layer switches itself off once Triton handles bf16. It does
@@ -74,16 +80,32 @@ def _cast_truncates(builder_cls) -> bool:
     return int(cast.data.view(np.uint16)[0]) != int(float32_to_bf16_bits(value)[0])
 
 
-def _patch_dot(builder_cls) -> None:
+def _dot_rows_differ(builder_cls) -> bool:
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    rng = np.random.default_rng(0)  # the kernel's shape: 16 query heads by head dim 128, times 128 keys
+    a = np.repeat(rng.standard_normal((1, 128)).astype(np.float32), 16, axis=0)
+    b = rng.standard_normal((128, 128)).astype(np.float32)
+    acc = TensorHandle(np.zeros((16, 128), dtype=np.float32), tl.float32)
+    product = builder_cls().create_dot(TensorHandle(a, tl.float32), TensorHandle(b, tl.float32), acc, None, None)
+    return not (product.data == product.data[:1]).all()
+
+
+def _patch_dot(builder_cls, *, widen_bf16: bool, one_order_per_row: bool) -> None:
     import triton.language as tl
 
     original = _originals.setdefault("create_dot", builder_cls.create_dot)
 
+    def widened(x):
+        return type(x)(bf16_bits_to_float32(x.data), tl.float32) if widen_bf16 and x.dtype.scalar == tl.bfloat16 else x
+
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.dtype.scalar == tl.bfloat16:
-            a = type(a)(bf16_bits_to_float32(a.data), tl.float32)
-        if b.dtype.scalar == tl.bfloat16:
-            b = type(b)(bf16_bits_to_float32(b.data), tl.float32)
+        a, b = widened(a), widened(b)
+        if one_order_per_row and a.data.dtype == b.data.dtype == d.data.dtype == np.float32:
+            # einsum's own loop, not the BLAS: the same summation order for every output element
+            product = np.einsum("...ik,...kj->...ij", a.data, b.data, dtype=np.float32, optimize=False)
+            return type(d)(product + d.data, d.dtype.scalar)
         return original(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     builder_cls.create_dot = create_dot
@@ -112,9 +134,11 @@ def install() -> list[str]:
         return list(_installed)
     from triton.runtime.interpreter import InterpreterBuilder
 
-    if _dot_multiplies_bits(InterpreterBuilder):
-        _patch_dot(InterpreterBuilder)
-        _installed.append("bf16-dot")
+    widen_bf16, one_order_per_row = _dot_multiplies_bits(InterpreterBuilder), _dot_rows_differ(InterpreterBuilder)
+    if widen_bf16 or one_order_per_row:
+        _patch_dot(InterpreterBuilder, widen_bf16=widen_bf16, one_order_per_row=one_order_per_row)
+    _installed.extend(name for name, needed in (("bf16-dot", widen_bf16), ("dot-rows-alike", one_order_per_row))
+                      if needed)
     if _cast_truncates(InterpreterBuilder):
         _patch_cast(InterpreterBuilder)
         _installed.append("bf16-round-nearest")

@@ -1,4 +1,4 @@
-"""The interpreter's bf16 defects, the compatibility layer's fix, and its self-switch-off."""
+"""The interpreter's bf16 and tl.dot defects, the compatibility layer's fix, and its self-switch-off."""
 
 import os
 
@@ -45,8 +45,33 @@ def _operands():
     return (torch.randn(16, 16, generator=gen).bfloat16(), torch.randn(16, 16, generator=gen).bfloat16())
 
 
-def test_layer_is_installed_while_triton_has_the_defects():
-    assert set(compat.installed_patches()) == {"bf16-dot", "bf16-round-nearest"}
+def test_layer_is_installed_while_triton_has_the_defects(unpatched_builder):
+    # Whether the BLAS under np.matmul sums equal rows alike depends on numpy's build: patched where it does not.
+    rows_differ = compat._dot_rows_differ(unpatched_builder)
+    always = {"bf16-dot", "bf16-round-nearest"}
+    assert set(compat.installed_patches()) == (always | {"dot-rows-alike"} if rows_differ else always)
+
+
+def test_equal_rows_of_a_dot_give_equal_results():
+    """Query heads of one KV group are rows of one tile: equal queries, equal results, as on the GPU."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rows_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+        rows, inner, cols = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+        a = tl.load(a_ptr + rows[:, None] * K + inner[None, :])
+        b = tl.load(b_ptr + inner[:, None] * N + cols[None, :])
+        tl.store(c_ptr + rows[:, None] * N + cols[None, :], tl.dot(a, b))
+
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(1, 128, generator=gen).to(dtype).repeat(16, 1)
+        b = torch.randn(128, 64, generator=gen).to(dtype)
+        c = torch.empty(16, 64)
+        rows_kernel[(1,)](a, b, c, M=16, K=128, N=64)
+        assert (c == c[:1]).all(), dtype
+        torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-5, atol=1e-4)
 
 
 def test_unpatched_interpreter_multiplies_bf16_bit_patterns(unpatched_builder):
@@ -74,4 +99,5 @@ def test_layer_switches_itself_off_once_triton_is_fixed(monkeypatch):
     monkeypatch.setattr(compat, "_installed", [])
     monkeypatch.setattr(compat, "_dot_multiplies_bits", lambda builder: False)
     monkeypatch.setattr(compat, "_cast_truncates", lambda builder: False)
+    monkeypatch.setattr(compat, "_dot_rows_differ", lambda builder: False)
     assert compat.install() == []
