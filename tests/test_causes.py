@@ -368,3 +368,14 @@ def test_a_cause_the_draws_decide_takes_no_other_claim_that_fails_on_its_case():
     prober = _prober(checks_nothing_and_scales)
     found = find_causes(failures, prober)
     assert [cause.properties for cause in found] == [[BAD_INPUT], [BOUND]], prober.tried
+
+
+def test_a_strict_bad_input_failure_is_probed_as_failing_not_a_crash_of_the_grouping():
+    """Under the strict tier the bad-input claim demands the contract's own error. A kernel that computes the bad
+    call instead fails the claim with an AssertionError, which a probe reads as the claim failing (pytest.raises'
+    Failed, a BaseException, escaped the probe and ended the run's report)."""
+    failure = dataclasses.replace(
+        Failure(BAD_INPUT, "b.pt", "AssertionError", case=DecodeCase(lengths=(1,)),
+                draws={"corruption": "sm_scale_nan", "where": 0}), claim=declared_claim(BAD_INPUT))
+    prober = Prober(in_definition_order(torch_float32, definitions.SEED), torch.device("cpu"), "strict")
+    assert prober.fails(failure, failure.case) is True, prober.tried
