@@ -1,4 +1,4 @@
-"""Makes Triton's CPU interpreter compute bf16 like the GPU does.
+"""Makes Triton's CPU interpreter compute bf16 and ``tl.dot`` like the GPU does.
 
 Three defects of the interpreter (``TRITON_INTERPRET=1``) matter to this kernel:
 
@@ -16,8 +16,8 @@ Three defects of the interpreter (``TRITON_INTERPRET=1``) matter to this kernel:
   kernel for the BLAS's doing. Patched: every row summed in one order.
 
 ``install()`` probes the interpreter for each defect and patches only what is
-still broken, so the layer switches itself off once Triton handles bf16. It does
-nothing unless the interpreter is enabled.
+still broken, so the layer switches itself off once Triton (or numpy's BLAS) no
+longer has the defect. It does nothing unless the interpreter is enabled.
 """
 
 from __future__ import annotations
