@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from hypothesis.errors import UnsatisfiedAssumption
 
 from gqa_decode_fuzz.engine.containment import CudaContextLost, is_sticky_cuda_error
@@ -227,13 +228,15 @@ class Prober:
             verdict = False
         except ClaimReferenceError as error:
             self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, {error}")
-        except UnsatisfiedAssumption:
+        except (UnsatisfiedAssumption, pytest.skip.Exception):
             self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, the claim does not apply")
         except (SuiteOutOfMemory, MemoryError) as error:
             self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, {type(error).__name__}")
         except CudaContextLost as error:
             self.stopped = f"the CUDA context was lost: {str(error).splitlines()[0]}"
-        except Exception as error:  # noqa: BLE001 - any failure of the claim is the answer sought
+        # pytest's own failure (``pytest.fail``, ``pytest.raises``' "DID NOT RAISE") is a BaseException: a claim
+        # written with it fails as any other does.
+        except (Exception, pytest.fail.Exception) as error:  # noqa: BLE001 - any failure of the claim is the answer
             if is_sticky_cuda_error(error):
                 self.stopped = f"the CUDA context was lost: {str(error).splitlines()[0]}"
             else:

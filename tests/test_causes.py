@@ -379,3 +379,18 @@ def test_a_strict_bad_input_failure_is_probed_as_failing_not_a_crash_of_the_grou
                 draws={"corruption": "sm_scale_nan", "where": 0}), claim=declared_claim(BAD_INPUT))
     prober = Prober(in_definition_order(torch_float32, definitions.SEED), torch.device("cpu"), "strict")
     assert prober.fails(failure, failure.case) is True, prober.tried
+
+
+@pytest.mark.parametrize(("outcome", "verdict"), [(pytest.fail, True), (pytest.skip, None)])
+def test_a_claim_ending_by_pytest_s_own_outcome_is_read_not_a_crash_of_the_grouping(monkeypatch, outcome, verdict):
+    """A claim may end by ``pytest.fail`` or ``pytest.skip``, whose exceptions are BaseExceptions: the probe reads
+    the first as the claim failing and the second as undecided, as a test would, rather than let either escape."""
+    def claim(impl, case, device, contract):
+        outcome("said by the claim")
+
+    monkeypatch.setattr(causes, "claim_at", lambda reference: claim)
+    failure = Failure("properties/test_x.py::test_y", "y.pt", "Failed", case=DecodeCase(lengths=(1,)),
+                      claim="properties.claims:said")
+    prober = Prober(torch_float32, torch.device("cpu"), "lenient")
+    assert prober.fails(failure, failure.case) is verdict, prober.tried
+    assert prober.stopped is None
