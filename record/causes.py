@@ -10,9 +10,10 @@ guarded implementation, each with its property's draws:
    fail on it again (else it stays a cause of its own, "not reproduced by its probe").
 2. One descriptor field at a time moves toward its default (``DEFAULTS``; a ``PrefillCase``'s:
    ``PREFILL_DEFAULTS``, its query and key counts moved as one field): a field whose
-   default makes the failure go away is one the failure needs. A needed scale, length or
-   pool is then described by its class ("scale <= 0", "an empty sequence", "page ids >=
-   2^22"), confirmed with one more member of the class where one is at hand; fields that
+   default makes the failure go away is one the failure needs. A needed scale, length,
+   pool or seed is then described by its class ("scale <= 0", "an empty sequence", "page ids >=
+   2^22", "particular values": any seed but the default's), confirmed with one more member
+   of the class where one is at hand; fields that
    are not needed are said to be free ("any length" once a longer batch fails too). Needed
    values, scale or seed that put a head's every logit far below zero are that one need
    (the domain of a finite mask sentinel, which many regimes reach).
@@ -449,9 +450,9 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
     elif name == "definition":  # another definition that fails the same way may join: its own probes decide
         needed.words.append(f"definition {value} (the seed's passes)")
         needed.tests["definition"] = lambda c: c.definition is not None
-    elif name == "seed":
-        needed.words.append(f"these values (seed {value}; seed 0 passes)")
-        needed.tests["seed"] = lambda c, v=value: c.seed == v
+    elif name == "seed":  # a class, not one seed: a defect only some values reach (a precision one) fails many
+        needed.words.append(f"particular values (seed {value} fails, seed 0 passes)")
+        needed.tests["seed"] = lambda c: c.seed != DEFAULTS["seed"]
     else:
         needed.words.append(f"{name} {value}")
         needed.tests[name] = lambda c, n=name, v=value: getattr(c, n) == v

@@ -394,3 +394,19 @@ def test_a_claim_ending_by_pytest_s_own_outcome_is_read_not_a_crash_of_the_group
     prober = Prober(torch_float32, torch.device("cpu"), "lenient")
     assert prober.fails(failure, failure.case) is verdict, prober.tried
     assert prober.stopped is None
+
+
+def _wrong_where_q_sums_above_zero(q, *args, **kwargs):
+    """A defect only some values reach: the output is off by one wherever q's elements sum above zero."""
+    output, lse = torch_float32(q, *args, **kwargs)
+    return (output + 1 if q.float().sum() > 0 else output), lse
+
+
+def test_failures_that_need_particular_values_are_one_cause_whatever_their_seeds():
+    """Seeds 3 and 4 reach the defect, seed 0 does not: two properties failing under either seed are one cause,
+    a need of values (as a split-KV precision defect of FlashInfer's was one cause per seed before)."""
+    failures = [Failure(BOUND, "b.pt", "AssertionError", case=DecodeCase(lengths=(1,), seed=3)),
+                Failure(SINGLE_TOKEN, "s.pt", "AssertionError", case=DecodeCase(lengths=(1,), seed=4))]
+    (cause,) = find_causes(failures, _prober(_wrong_where_q_sums_above_zero, probes=100, seconds=100))
+    assert cause.needs[0] == "particular values (seed 3 fails, seed 0 passes)", cause.summary
+    assert cause.properties == [BOUND, SINGLE_TOKEN]
