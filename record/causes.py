@@ -416,7 +416,9 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
         said = len(needed.words)
         _describe_needed(prober, rep, name, value, needed)
         words_of[name] = needed.words[said:]
-    if not _prefill(case) and case.lengths == DEFAULTS["lengths"]:  # one token: does a longer batch fail too?
+    # One token: does a longer batch fail too? Not asked where the failure needs its seed: a longer batch draws
+    # other values, so its passing would say nothing of lengths.
+    if not _prefill(case) and case.lengths == DEFAULTS["lengths"] and "seed" not in needed.tests:
         verdict = prober.fails(rep, replace(case, lengths=LONGER))
         if verdict:
             needed.free.append(FREE_WORDS["lengths"])

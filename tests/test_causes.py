@@ -408,5 +408,5 @@ def test_failures_that_need_particular_values_are_one_cause_whatever_their_seeds
     failures = [Failure(BOUND, "b.pt", "AssertionError", case=DecodeCase(lengths=(1,), seed=3)),
                 Failure(SINGLE_TOKEN, "s.pt", "AssertionError", case=DecodeCase(lengths=(1,), seed=4))]
     (cause,) = find_causes(failures, _prober(_wrong_where_q_sums_above_zero, probes=100, seconds=100))
-    assert cause.needs[0] == "particular values (seed 3 fails, seed 0 passes)", cause.summary
+    assert cause.needs == ["particular values (seed 3 fails, seed 0 passes)"], cause.summary
     assert cause.properties == [BOUND, SINGLE_TOKEN]
