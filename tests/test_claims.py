@@ -3,6 +3,7 @@ again from the reference a run records (properties/claims.py, runner/suite_run.p
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
@@ -39,6 +40,32 @@ def test_property_modules_import_without_a_run_and_every_test_declares_a_claim_t
             (reference,) = _declared(test)
             assert reference.partition(":")[0] in CLAIM_MODULES, (name, test.__name__, reference)
             assert causes.claim_at(reference).reference == reference
+
+
+def _names_used(function: ast.FunctionDef, helpers: dict[str, ast.FunctionDef]) -> set[str]:
+    """The dotted names ``function``'s body uses (``claims.within_bound``; not its decorators'), with those of the
+    module's functions it calls."""
+    def body(of: ast.FunctionDef) -> list[ast.AST]:
+        return [node for statement in of.body for node in ast.walk(statement)]
+
+    called = {node.func.id for node in body(function)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in helpers}
+    return {ast.unparse(node) for of in (function, *(helpers[name] for name in called))
+            for node in body(of) if isinstance(node, ast.Attribute)}
+
+
+def test_every_property_body_goes_through_the_claim_it_declares():
+    """The run checks the claim a body calls against the one it declares, but not that it calls one: a body that
+    checks by hand judges what its claim would not (the huge pools' body once failed a refused strided layout,
+    which its claim allows), and the cause probes replay the claim, not the body. GPU-only properties never run in
+    CI, so this reads the source."""
+    for name in SUITE_MODULES:
+        tree = ast.parse((ROOT / "properties" / f"{name}.py").read_text(encoding="utf-8"))
+        helpers = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+        for test in (node for key, node in helpers.items() if key.startswith("test_")):
+            (declared,) = [ast.unparse(decorator.args[0]) for decorator in test.decorator_list
+                           if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "property_claim"]
+            assert declared in _names_used(test, helpers), f"{name}::{test.name} declares {declared} but never uses it"
 
 
 def test_property_claim_takes_only_a_claim():
