@@ -18,8 +18,9 @@ guarded implementation, each with its property's draws:
    values, scale or seed that put a head's every logit far below zero are that one need
    (the domain of a finite mask sentinel, which many regimes reach).
 3. Another failing property joins the cause when its own minimal case has what the cause
-   needs and either the representative's case breaks its claim, or its own case stops
-   failing once the needed fields go to their defaults.
+   needs and either the representative's case (under the other's definition) breaks its
+   claim, or its own case stops failing once the needed fields but the definition go to
+   their defaults (passing under the seed's definition shows no shared cause).
 4. A claim that its draws decide rather than its case (the bad-input claim: each corruption
    a check the implementation makes or lacks) is one cause when its representative needs
    nothing of its case: its other failures join it once each fails again on its own case,
@@ -495,12 +496,14 @@ def _fold_into_far_below(case: Case, needed: _Needed, words_of: dict[str, list[s
 
 
 def _needed_fields(needed: _Needed) -> list[str]:
-    """The case fields a cause's needs are about (the derived "logits" need: every field that sets them)."""
-    return [name for key in needed.tests for name in (LOGIT_FIELDS if key == "logits" else (key,))]
+    """The case fields a cause's needs are about (the derived "logits" need: every field that sets them), but the
+    definition: a failure under another definition that passes under the seed's may do so for reasons of its own."""
+    return [name for key in needed.tests if key != "definition"
+            for name in (LOGIT_FIELDS if key == "logits" else (key,))]
 
 
-def _toward_defaults(case: Case, needed: _Needed) -> Case:
-    return _moved(case, **{name: _defaults(case)[name] for name in _needed_fields(needed)})
+def _toward_defaults(case: Case, fields: list[str]) -> Case:
+    return _moved(case, **{name: _defaults(case)[name] for name in fields})
 
 
 def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str | None:
@@ -514,9 +517,11 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
     if prober.fails(other, case):
         return "the representative's case fails its check too" + (" under its own definition" if case is not rep.case
                                                                    else "")
-    if needed.tests and prober.fails(other, _toward_defaults(other.case, needed)) \
-            is False and prober.fails(other, other.case):
-        return f"its own case passes once {', '.join(_needed_fields(needed))} go to the default"
+    fields = _needed_fields(needed)
+    passes_at_defaults = fields and prober.fails(other, _toward_defaults(other.case, fields)) is False
+    if passes_at_defaults and prober.fails(other, other.case):
+        return f"its own case passes once {', '.join(fields)} go to the default" + (
+            " under its own definition" if "definition" in needed.tests else "")
     return None
 
 

@@ -221,6 +221,22 @@ def test_a_failure_under_another_definition_joins_only_where_its_own_definition_
     assert [cause.needs for cause in found] == [[f"definition {h20} (the seed's passes)"], ["scale <= 0"]], found
 
 
+def wrong_with_20_heads_or_large_scales_with_24_heads(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None):
+    output, lse = wrong_with_20_heads(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+    return (output * math.nan, lse) if q.shape[1] == 24 and sm_scale is not None and sm_scale > 1 else (output, lse)
+
+
+def test_a_failure_that_needs_its_own_definition_for_another_reason_does_not_join_by_leaving_it():
+    """A member under h24 that fails only with scale > 1 there passes once its definition goes to the seed's, as
+    the representative's (h20) would: leaving the definition says nothing of a shared cause, so it does not join."""
+    h20, h24 = "gqa_paged_decode_h20_kv4_d128_ps1", "gqa_paged_decode_h24_kv8_d128_ps1"
+    failures = [Failure(f"{BOUND}[{h20}-shard1of2]", "a.pt", "AssertionError", case=DecodeCase((2,), definition=h20)),
+                Failure(f"{SCALES}[{h24}-shard1of2]", "b.pt", "AssertionError",
+                        case=DecodeCase((3,), scale=8.0, definition=h24))]
+    found = find_causes(failures, _prober(wrong_with_20_heads_or_large_scales_with_24_heads))
+    assert [cause.properties for cause in found] == [[f"{BOUND}[{h20}]"], [f"{SCALES}[{h24}]"]], found
+
+
 def test_an_explicit_example_found_under_another_definition_is_probed_under_it(tmp_path):
     """An explicit example's case names no definition: its case file's definition is written into it, so a family
     run's probe of it builds it for that definition, not the seed's."""
