@@ -2,7 +2,8 @@
 
     python benchmarks/report_digest.py reports-*/*/        # one block per run report folder
 
-Per run: the verdict line, each root cause (what it needs, how many properties, its minimal case and replay), and
+Per run: the verdict line, each root cause (what it needs, how many properties, its minimal case and replay, the
+definitions its properties ran under and why its members joined, counted), and
 per definition the examples of passing properties, how many properties the time budget left unstarted, and the
 properties that did not pass; then one line over all definitions (a findings table's row), and where the items'
 time went: the share of it that the properties that did not pass took (a failing property shrinks, so a widely
@@ -17,12 +18,20 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-_DEFINITION = re.compile(r"gqa_paged_decode_\w+?(?=[\]\-]|$)")
+_DEFINITION = re.compile(r"gqa_\w+?(?=[\]\-]|$)")  # any op type's definition
 
 
 def _definition(prop: str) -> str:
     found = _DEFINITION.search(prop.partition("[")[2])
     return found.group(0) if found else "(the run's definition)"
+
+
+def _counted(values) -> str:
+    """``values`` as "value (count)", the commonest first: a cause's hundreds of members in one line."""
+    counts: dict[str, int] = defaultdict(int)
+    for value in values:
+        counts[value] += 1
+    return "; ".join(f"{value} ({count})" for value, count in sorted(counts.items(), key=lambda item: -item[1]))
 
 
 def digest(folder: Path) -> list[str]:
@@ -37,7 +46,10 @@ def digest(folder: Path) -> list[str]:
         lines += [f"{n}. {cause['summary']} ({len(cause['properties'])} properties)",
                   f"   case: {rep.get('case', '')[:400]} under {rep.get('definition')}",
                   f"   error: {(rep.get('error') or '')[:300]}",
-                  f"   replay: {rep.get('replay')}"]
+                  f"   replay: {rep.get('replay')}",
+                  f"   definitions: {_counted(_definition(prop) for prop in cause['properties'])}"]
+        if cause.get("members"):
+            lines.append(f"   joined: {_counted(member.get('joined') or '?' for member in cause['members'])}")
     if found.get("probes"):
         probes = found["probes"]
         lines.append(f"probes: {probes['used']} of {probes['limit']}, {probes['seconds']} s; "

@@ -22,15 +22,22 @@ def test_the_digest_counts_per_definition_and_ends_with_a_findings_row(tmp_path)
         f"properties/test_decode.py::test_scales[{PS1}]": _entry("failed", 5, seconds=30.0),
         f"properties/test_decode.py::test_central[{PS64}]": _entry("passed", 280, seconds=10.0),
         f"properties/test_decode.py::test_scales[{PS64}]": _entry("skipped", 0, unstarted=12),
-        "causes": {"causes": [{"summary": "scale <= 0, any length", "properties": ["a", "b"],
+        "causes": {"causes": [{"summary": "scale <= 0, any length",
+                               "properties": [f"properties/test_decode.py::test_scales[{PS1}]",
+                                              f"properties/test_decode.py::test_central[{PS64}]",
+                                              f"properties/test_decode.py::test_other[{PS64}]"],
                                "representative": {"case": "DecodeCase(lengths=(1,), scale=0.0)", "definition": PS1,
-                                                  "error": "got nan", "replay": "python -m ..."}}]},
+                                                  "error": "got nan", "replay": "python -m ..."},
+                               "members": [{"joined": "the representative's case fails its check too"},
+                                           {"joined": "the representative's case fails its check too"}]}]},
     }
     (tmp_path / "report.json").write_text(json.dumps(report), encoding="utf-8")
     (tmp_path / "report.md").write_text("# Run\n\n**FAILED: 1 of 4 properties failed**\n", encoding="utf-8")
     lines = report_digest.digest(tmp_path)
     assert "**FAILED: 1 of 4 properties failed**" in lines
-    assert "1. scale <= 0, any length (2 properties)" in lines
+    assert "1. scale <= 0, any length (3 properties)" in lines
+    assert f"   definitions: {PS64} (2); {PS1} (1)" in lines
+    assert "   joined: the representative's case fails its check too (2)" in lines
     assert f"| {PS1} | 1 | 300 | 0 | scales failed |" in lines
     assert f"| {PS64} | 1 | 280 | 1 |  |" in lines
     assert lines[-4] == ("In all: 2 definitions, 2 properties passed over 580 examples (280 to 300 per definition); "
