@@ -72,8 +72,8 @@ class _SeenFailure:
 
 
 class UndeclaredClaim(BaseException):  # noqa: N818 - reads as what happened
-    """A property's body called a claim other than the one its test declares (``property_claim``): a defect of the
-    test, not of the implementation. A BaseException, so Hypothesis neither shrinks nor retries it."""
+    """A property's body called a claim other than the one its test declares (``property_claim``), or none: a
+    defect of the test, not of the implementation. A BaseException, so Hypothesis neither shrinks nor retries it."""
 
 
 def declared_claim(item: pytest.Item) -> str | None:
@@ -222,6 +222,7 @@ class SuiteRun:
         self.seen_failure: _SeenFailure | None = None  # the running item's last failing example
         self.reported_records: dict[int, casefiles.Recorder] = {}  # id of a reported example's error -> its record
         self.declared_claim: str | None = None  # the running item's claim, where it is a property
+        self.claim_called = False  # whether the running example has called a claim
         cases.add_build_observer(self.recorder.note_build)
         cases.add_claim_observer(self.recorder.note_claim)
         cases.add_claim_observer(self.check_claim)
@@ -306,6 +307,7 @@ class SuiteRun:
 
     def check_claim(self, case: object, draws: dict, claim: str) -> None:
         """A claim observer: the running property calls the claim it declares, else ``UndeclaredClaim``."""
+        self.claim_called = True
         declared = self.declared_claim
         if declared is not None and claim != declared:
             raise UndeclaredClaim(f"{self.recorder.nodeid} declares @property_claim({declared}) but its body calls "
@@ -348,11 +350,29 @@ class SuiteRun:
         with sharing, shards.wrapping_examples(item, self.remembering), \
                 shards.wrapping_examples(item, self.counter.counting), \
                 self.claims.watching(item) if sharded else contextlib.nullcontext(), \
+                shards.wrapping_examples(item, self.requiring_a_claim) if self.declared_claim \
+                else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.guard.shielding), \
                 shards.wrapping_examples(item, self.isolated.wrapping) if self.isolated else contextlib.nullcontext(), \
                 shards.wrapping_examples(item, self.counter.clock.timing), \
                 self.shrink_limit.applied(item):  # the clock outside the rest (they count as "other"); then this
             yield
+
+    def requiring_a_claim(self, example: Callable) -> Callable:
+        """``example`` (one example of a property) that must call a claim: an example that ends without one judged
+        by hand what its declared claim, which the cause probes replay, may not (``UndeclaredClaim``). An
+        ``assume``, a skip or a failure ends an example before this asks."""
+
+        @functools.wraps(example)
+        def required(*args, **kwargs):
+            self.claim_called = False
+            result = example(*args, **kwargs)
+            if not self.claim_called:
+                raise UndeclaredClaim(f"{self.recorder.nodeid} declares @property_claim({self.declared_claim}) but "
+                                      "an example of its body called no claim: check through the claim it declares")
+            return result
+
+        return required
 
     def remembering(self, example: Callable) -> Callable:
         """``example`` (one Hypothesis example) that, when it fails, remembers it (the smallest failure seen so far,

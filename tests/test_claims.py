@@ -198,6 +198,23 @@ def test_a_property_without_a_claim_fails_collection_naming_it(tmp_path):
     assert "test_declared:" not in output
 
 
+def test_a_body_that_calls_no_claim_fails_naming_it(tmp_path):
+    """Checking by hand in a body that declares a claim fails as a defect of the test, unshrunk."""
+    result = _run_suite(tmp_path, """
+        @property_claim(claims.within_bound)
+        @given(case=run_sized(lambda limits: decode_cases(limits=limits)))
+        def test_by_hand(impl, device, contract, case):
+            from gqa_decode_fuzz.generation.cases import build
+
+            impl(*build(case, device))
+    """)
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, output
+    assert ("test_props.py::test_by_hand declares @property_claim(gqa_decode_fuzz.properties.claims:within_bound) "
+            "but an example of its body called no claim") in output, output
+    assert "Falsifying" not in output
+
+
 def test_a_body_calling_another_claim_than_it_declares_fails_naming_both(tmp_path):
     result = _run_suite(tmp_path, """
         @property_claim(claims.within_bound)
