@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 _DEFINITION = re.compile(r"gqa_\w+?(?=[\]\-]|$)")  # any op type's definition
@@ -28,10 +28,7 @@ def _definition(prop: str) -> str:
 
 def _counted(values) -> str:
     """``values`` as "value (count)", the commonest first: a cause's hundreds of members in one line."""
-    counts: dict[str, int] = defaultdict(int)
-    for value in values:
-        counts[value] += 1
-    return "; ".join(f"{value} ({count})" for value, count in sorted(counts.items(), key=lambda item: -item[1]))
+    return "; ".join(f"{value} ({count})" for value, count in Counter(values).most_common())
 
 
 def digest(folder: Path) -> list[str]:

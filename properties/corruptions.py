@@ -221,8 +221,8 @@ def assert_handled(impl, contract: str, inputs: DecodeInputs, corruption: str, w
             return
         assert not broken.forbidden, f"{context}, {corruption}: the call the contract forbids was not refused"
         return  # a call left to policy: refused or computed, both allowed
-    # An AssertionError, not pytest.raises' Failed (a BaseException): the cause probes and the replay run claims
-    # outside a test and take any Exception for the claim failing.
+    # An AssertionError naming the corruption and the error expected, as the claim's other checks fail (pytest.raises'
+    # Failed, a BaseException, once escaped the cause probes; they now read it too).
     try:
         impl(*call)
     except broken.error as error:
