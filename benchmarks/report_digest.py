@@ -19,11 +19,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 _DEFINITION = re.compile(r"gqa_\w+?(?=[\]\-]|$)")  # any op type's definition
+RUN_DEFINITION = "the run's definition"  # a property or case that names none
 
 
 def _definition(prop: str) -> str:
     found = _DEFINITION.search(prop.partition("[")[2])
-    return found.group(0) if found else "(the run's definition)"
+    return found.group(0) if found else f"({RUN_DEFINITION})"
 
 
 def _counted(values) -> str:
@@ -41,7 +42,7 @@ def digest(folder: Path) -> list[str]:
     for n, cause in enumerate(found.get("causes", []), 1):
         rep = cause["representative"]
         lines += [f"{n}. {cause['summary']} ({len(cause['properties'])} properties)",
-                  f"   case: {rep.get('case', '')[:400]} under {rep.get('definition')}",
+                  f"   case: {rep.get('case', '')[:400]} under {rep.get('definition') or RUN_DEFINITION}",
                   f"   error: {(rep.get('error') or '')[:300]}",
                   f"   replay: {rep.get('replay')}",
                   f"   definitions: {_counted(_definition(prop) for prop in cause['properties'])}"]

@@ -520,7 +520,8 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
     fields = _needed_fields(needed)
     passes_at_defaults = fields and prober.fails(other, _toward_defaults(other.case, fields)) is False
     if passes_at_defaults and prober.fails(other, other.case):
-        return f"its own case passes once {', '.join(fields)} go to the default" + (
+        moved = f"{fields[0]} goes" if len(fields) == 1 else f"{', '.join(fields)} go"
+        return f"its own case passes once {moved} to the default" + (
             " under its own definition" if "definition" in needed.tests else "")
     return None
 
