@@ -67,6 +67,9 @@
 #                                            # on a GPU under 100 GB, SMALL_GPU_WORKERS (8) workers unless
 #                                            # PYTEST_ARGS names --workers-per-gpu; each failure shrinks for at
 #                                            # most SHRINK_LIMIT s (30) unless PYTEST_ARGS names --shrink-limit
+#   bash benchmarks/gpu_session.sh seven     # the seven production entries through `sweep`, resumable: each call runs the
+#                                            # entries not yet done on this (warm) machine that fit in LIMIT s (560)
+#                                            # and names the rest; three or four calls in a row on one GPU
 #   bash benchmarks/gpu_session.sh limits    # what stops the plain run: at the goal's 1,500 examples per property with
 #                                            # 8 and 16 workers and at the profile's 300 with 8 (warm caches; RUNS=
 #                                            # "1500x8 300x8" names others), the GPU's utilisation sampled every 200 ms
@@ -478,6 +481,35 @@ sweep)
       END {print "peak GPU memory during " name ": " peak " of " all " MiB"}' >>"$OUT/summary.txt"
   done
   kill "$sampler"
+  ;;
+seven)
+  # The production sweep's seven entries on one GPU, in calls of a 10-minute limit: each call runs, in the order
+  # below, the entries not yet done on this machine (SWEEP_STATE, kept while it stays warm) whose worst case fits in
+  # what is left of LIMIT s, and names those left for the next call. Budgets as the steps of docs/gpu.md §44-§49.
+  state=${SWEEP_STATE:-/tmp/gqa-seven-sweep}
+  mkdir -p "$state"
+  while read -r name impl budget probes mps; do
+    [ -e "$state/$name" ] && continue
+    worst=$((budget + probes + 20))
+    [[ $impl == *flashinfer* ]] && worst=$((worst + 80))  # its compile and smoke check
+    if [ $((SECONDS + worst)) -gt "${LIMIT:-560}" ]; then
+      echo "== $name: left for the next call (up to $worst s; $((${LIMIT:-560} - SECONDS)) s left)" >>"$OUT/summary.txt"
+      continue
+    fi
+    start=$SECONDS
+    ENTRIES="$name=$impl" BUDGET=$budget PROBE_LIMIT=$probes MPS=$mps bash "$0" sweep </dev/null
+    echo "== $name: swept in $((SECONDS - start)) s" >>"$OUT/summary.txt"
+    touch "$state/$name"
+  done <<'ENTRIES'
+fi_run adapters/flashinfer_decode.py:run_as_served 100 50 all
+fi_default adapters/flashinfer_decode.py:default_as_served 100 50 all
+flash adapters/torch_sdpa.py:flash_as_served 150 50 all
+efficient adapters/torch_sdpa.py:efficient_as_served 140 30 all
+math adapters/torch_sdpa.py:math 140 30 all
+cudnn adapters/torch_sdpa.py:cudnn_as_served 260 40 all
+sglang adapters/sglang_decode.py:run_as_served 400 60 auto
+ENTRIES
+  (cd "$OUT" && tar czf seven-logs.tgz logs-*.tgz memory.csv 2>/dev/null && rm -f logs-*.tgz memory.csv)
   ;;
 causes)
   nvidia-smi -L | tee "$OUT/summary.txt"
