@@ -102,7 +102,9 @@ LONGER = (3, BLOCK + 2)  # lengths tried when a one-token failure may not need i
 FAR_BELOW_LSE2 = -1.0e4
 FAR_BELOW_WORDS = "a head whose every logit is far below zero (its LSE < -10^4)"
 LOGIT_FIELDS = ("values", "scale", "seed")  # what sets the logits; a need of theirs may be the derived one above
-DERIVED_TOKENS = 1 << 16  # a case the derived test builds and solves on the CPU: at most these tokens and slots
+# A case the derived test builds and solves on the prober's device: at most these tokens and slots. A GPU takes the
+# 128k-token sequences (on the CPU one took 13.5 s and 4 GB), not the huge pools of millions of pages.
+DERIVED_TOKENS = {"cpu": 1 << 16, "cuda": 1 << 18}
 FREE_WORDS = {"lengths": "any length", "scale": "any scale"}  # a field shown not to matter, in words
 
 
@@ -427,7 +429,7 @@ def _vary(prober: Prober, rep: Failure) -> _Needed:
             words_of["lengths"] = [f"lengths {case.lengths!r} (lengths {LONGER!r} pass)"]
             needed.words += words_of["lengths"]
             needed.tests["lengths"] = lambda c, n=case.lengths: c.lengths == n
-    _fold_into_far_below(case, needed, words_of)
+    _fold_into_far_below(case, needed, words_of, prober.device)
     return needed
 
 
@@ -461,29 +463,32 @@ def _describe_needed(prober: Prober, rep: Failure, name: str, value: Any, needed
         needed.tests[name] = lambda c, n=name, v=value: getattr(c, n) == v
 
 
-def _far_below_zero(case: Case) -> bool:
-    """Whether some head of ``case`` has every logit far below zero (``FAR_BELOW_LSE2``), by the oracle on the
-    CPU; False for a case too large to build there (its tokens or its pool: a huge pool is gigabytes)."""
+def _far_below_zero(case: Case, device: Any = "cpu") -> bool:
+    """Whether some head of ``case`` has every logit far below zero (``FAR_BELOW_LSE2``), by the oracle on
+    ``device`` (the prober's); False for a case too large to build there (``DERIVED_TOKENS``: its tokens or its
+    pool)."""
+    kind = "cuda" if getattr(device, "type", str(device)).startswith("cuda") else "cpu"
     try:
-        if case is None or max(sum(case.lengths), _pool_pages(case) * case.shape.page_size) > DERIVED_TOKENS:
+        if case is None or max(sum(case.lengths), _pool_pages(case) * case.shape.page_size) > DERIVED_TOKENS[kind]:
             return False
-        return _far_below_in(case, case.shape.name)
+        return _far_below_in(case, case.shape.name, device)
     except Exception:  # noqa: BLE001 - a case the builder or the oracle cannot take just lacks the feature
         return False
 
 
 @functools.lru_cache(maxsize=512)
-def _far_below_in(case: Case, definition: str) -> bool:  # ``definition``: the key a case of None's resolves to
+def _far_below_in(case: Case, definition: str, device: Any) -> bool:  # ``definition``: what a case of None's means
     with using_definition(case.shape), unobserved():
-        reference = oracle_of(build_case(case, "cpu"))
+        reference = oracle_of(build_case(case, device))
     return bool((reference.lse < FAR_BELOW_LSE2).any())
 
 
-def _fold_into_far_below(case: Case, needed: _Needed, words_of: dict[str, list[str]]) -> None:
+def _fold_into_far_below(case: Case, needed: _Needed, words_of: dict[str, list[str]], device: Any) -> None:
     """Where the logit fields a failure needs put a head far below zero, that is its one need: one defect (a
     finite sentinel) reached through wide values, large logits at a scale > 1 or one seed's draw is one cause."""
     fields = [name for name in LOGIT_FIELDS if name in needed.tests]
-    if not fields or not _far_below_zero(case):
+    far_below = functools.partial(_far_below_zero, device=device)
+    if not fields or not far_below(case):
         return
     one_token = not _prefill(case) and case.lengths == DEFAULTS["lengths"]
     if one_token and "lengths" in needed.tests:  # a longer draw's other logits passed
@@ -492,7 +497,7 @@ def _fold_into_far_below(case: Case, needed: _Needed, words_of: dict[str, list[s
         del needed.tests[name]
         needed.words = [words for words in needed.words if words not in words_of.get(name, [])]
     needed.words.append(FAR_BELOW_WORDS)
-    needed.tests["logits"] = _far_below_zero
+    needed.tests["logits"] = far_below
 
 
 def _needed_fields(needed: _Needed) -> list[str]:

@@ -281,6 +281,31 @@ def test_a_finite_sentinel_reached_through_several_value_regimes_is_one_cause():
     assert set(cause.properties) == {SINGLE_TOKEN, BOUND, EXTREME}
 
 
+def test_the_far_below_test_takes_a_case_only_as_large_as_the_probers_device_holds(monkeypatch):
+    """The derived test builds the case on the prober's device, within that device's size: a case over the CPU's
+    limit is not said to be far below zero there (its need stays field by field), though it is."""
+    case = DecodeCase(lengths=(3, 130), scale=8.0, values="very_negative")
+    assert causes._far_below_zero(case, torch.device("cpu"))
+    monkeypatch.setitem(causes.DERIVED_TOKENS, "cpu", 100)
+    assert not causes._far_below_zero(case, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_finite_sentinel_on_a_128k_token_sequence_is_the_far_below_cause_on_a_gpu():
+    """A 128k-token case is too large for the CPU's derived test (FlashInfer's sweep had the sentinel as three causes,
+    docs/gpu.md section 49): probed on a GPU, it folds into the one cause of heads far below zero."""
+    failures = [
+        Failure(BOUND, "a.pt", "AssertionError", case=DecodeCase(lengths=(1,), scale=8.0, values="very_negative")),
+        Failure("properties/test_edge_shapes.py::test_128k_token_sequences_stay_within_error_bound", "b.pt",
+                "AssertionError", case=DecodeCase(lengths=(131072, 2), scale=27.0, values="very_negative", seed=5)),
+    ]
+    prober = Prober(in_definition_order(finite_sentinel, definitions.SEED), torch.device("cuda"), "correct",
+                    budget=Budget())
+    (cause,) = find_causes(failures, prober)
+    assert cause.needs == [causes.FAR_BELOW_WORDS], (cause.needs, prober.tried)
+
+
 def test_a_need_of_the_scale_alone_is_not_taken_for_logits_far_below_zero():
     (cause,) = find_causes([Failure(BOUND, "a.pt", "AssertionError", case=DecodeCase(lengths=(1,), scale=0.0))],
                            _prober(nonpositive_scale_nan))
