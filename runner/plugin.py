@@ -162,7 +162,8 @@ _OPTIONS = (
     ("--warm-workers", "GQA_DECODE_WARM_WORKERS", "on", str, warm_workers.MODES, None,
      "on: xdist's workers are forked from a process of the run's own that has imported torch and Triton once, "
      "instead of each starting a fresh interpreter that imports them (seconds sooner to the first test on a GPU "
-     "host); off: fresh, as xdist starts them"),
+     "host); kept: from such a process kept after the run for the next one of the same environment, which then "
+     "waits for no import (it ends after 15 idle minutes); off: fresh, as xdist starts them"),
     ("--sanitize-every", "GQA_DECODE_SANITIZE_EVERY", str(isolation.SANITIZE_EVERY), positive_int, None, "N",
      "with --sanitize: about one example in N runs under the sanitizer"),
 )
@@ -271,12 +272,14 @@ def _warm_server(config: pytest.Config, device: str) -> warm_workers.Server | No
     """An xdist controller about to start its workers: fork them from a server with torch imported
     (``--warm-workers``). Its imports see what a worker's would: a worker's share of the cores, and on the CPU the
     Triton interpreter switched on (Triton decides at its import whether its own functions are interpreted)."""
-    if config.option.warm_workers != "on":
+    mode = config.option.warm_workers
+    if mode == "off":
         return None
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # as ``resolve_device`` sets it later, before this process's import
     tx = config.option.tx
-    server = warm_workers.start(tx, dict(os.environ, **gpus.core_share(len(tx))))
+    environment = dict(os.environ, **gpus.core_share(len(tx)))
+    server = warm_workers.keep(tx, environment) if mode == "kept" else warm_workers.start(tx, environment)
     if server is not None:
         config.option.tx = [server.spec()] * len(tx)
         config.add_cleanup(server.stop)  # where configuring fails after this (unconfigure stops it otherwise)
@@ -469,6 +472,7 @@ CHILDREN_INSIDE_MPS = ("gqa-decode: --mps=all: the isolated implementation's chi
 
 WARM_WORKERS = ("gqa-decode: warm workers: each forked from a process with torch and Triton imported "
                 "(--warm-workers=off: fresh interpreters)")
+KEPT_WORKERS = "; it is kept for the next run (--warm-workers=kept)"
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -483,7 +487,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             *(_declarations(run.target) if run is not None else ()),  # an xdist controller's: once loaded
             *([mps.header_line(pipe, plan.mps_server.seconds if plan.mps_server else None)] if pipe else []),
             *([CHILDREN_INSIDE_MPS] if pipe and children_inside else []),
-            *([WARM_WORKERS] if plan.warm_server is not None else []),
+            *([WARM_WORKERS + (KEPT_WORKERS if plan.warm_server.kept else "")] if plan.warm_server is not None
+              else []),
             *([f"gqa-decode: time budget {config.option.time_budget} s: no test starts after it, the rest are "
                "reported as not started"] if plan.deadline else []),
             *([f"gqa-decode: no MPS server ({plan.no_mps_server}): the workers take turns on each GPU"]

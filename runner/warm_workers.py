@@ -16,6 +16,11 @@ environment (the GPU pin, the MPS server, the thread share: torch's pool is size
 What the libraries read as they load is set for the server by the controller: numpy's BLAS sized for a worker's
 share of the cores, and on the CPU Triton's interpreter.
 
+``kept`` (``--warm-workers=kept``) keeps the server after the run, for the next: it serves every run of this user
+whose interpreter, folder, environment and libraries are the same (one socket per such key, in a folder only the
+user can enter), and ends once it has had no worker for ``KEPT_IDLE_S``. A run then forks its workers at once,
+where ``on`` has them wait for the server's imports, which on a GPU host lie on the path to the first test.
+
 Where anything fails (no server, a refused hand-over, an interpreter option the server cannot mirror) the launcher
 runs the worker the ordinary way, by ``exec`` of the interpreter with its arguments: a run never depends on the
 server. The hand-over is a handshake (request, "forked", go, "started"), so that a launcher that falls back never
@@ -30,6 +35,9 @@ milliseconds). Its top level therefore imports the standard library only.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
 import json
 import os
 import selectors
@@ -37,6 +45,8 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -47,12 +57,16 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-MODES = ("on", "off")
+MODES = ("on", "kept", "off")
 # What the server imports before it forks: the libraries every worker imports, heaviest first. None of them is a
 # pytest plugin's module (pytest warns where one was imported before it could rewrite its asserts).
 PRELOAD = ("numpy", "torch", "triton", "triton.language", "pytest")
 READY_TIMEOUT_S = 120.0  # a launcher's wait for its worker's fork: the server's imports come first
 _MESSAGE_BYTES = 1 << 20  # a launcher's request: its environment and folder, as JSON
+KEPT_IDLE_S = 900.0  # a kept server ends after this long without a worker
+KEPT_FOLDER_ENV = "GQA_DECODE_KEPT_WORKERS_DIR"  # where kept servers' sockets live (default: a folder in /tmp)
+# Variables a shell changes between two runs of one command, which change nothing of what the server imports.
+_VOLATILE = ("_", "OLDPWD", "SHLVL")
 
 
 def supported() -> bool:
@@ -81,25 +95,34 @@ def preload_meanwhile() -> threading.Thread:
 
 @dataclass
 class Server:
-    """The run's fork server: its process, its folder (the socket and its log)."""
+    """A fork server: its process (None for a kept one this run found running), its folder, its socket (the run's
+    own: ``socket`` in its folder) and whether it is kept for later runs."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen | None
     directory: Path
+    socket_path: Path | None = None
+    kept: bool = False
+
+    @property
+    def socket(self) -> Path:
+        return self.socket_path or self.directory / "socket"
 
     @property
     def log(self) -> Path:
-        return self.directory / "server.log"
+        return self.socket.with_suffix(".log") if self.kept else self.directory / "server.log"
 
     def spec(self) -> str:
         """xdist's ``--tx`` for a worker started by a launcher that asks this server."""
-        launcher = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "launch",
-                    str(self.directory / "socket"), sys.executable]
+        launcher = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "launch", str(self.socket),
+                    sys.executable]
         return "popen//python=" + shlex.join(launcher)
 
     def stop(self) -> str | None:
-        """End the server; None, or what went wrong with it during the run (its workers then started fresh). A
-        second stop does nothing."""
+        """End the run's server (a kept one stays for the next run); None, or what went wrong with it during the
+        run (its workers then started fresh). A second stop does nothing."""
         trouble = None
+        if self.kept:
+            return None
         if not self.directory.exists():
             return None
         if self.process.poll() is not None:  # it ended on its own: a failed start
@@ -127,30 +150,106 @@ def start(tx: list[str], environment: dict[str, str]) -> Server | None:
         directory = Path(tempfile.mkdtemp(prefix="gqa-decode-warm-"))
     except OSError:  # no writable temporary folder: fresh workers
         return None
-    listener = None
     try:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(str(directory / "socket"))
-        listener.listen(128)  # launchers queue here while the server imports
-        with open(directory / "server.log", "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-u", str(Path(__file__).resolve()), "serve", str(listener.fileno()),
-                 str(os.getpid())],
-                pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=environment)
+        process = _spawn_server(directory / "socket", directory / "server.log", environment,
+                                ["--controller", str(os.getpid())])
     except OSError:
-        if listener is not None:
-            listener.close()
         shutil.rmtree(directory, ignore_errors=True)
         return None
-    listener.close()  # the server's copy alone: if it dies, launchers are refused and start workers fresh
     return Server(process, directory)
+
+
+def _spawn_server(socket_path: Path, log_path: Path, environment: dict[str, str], until: list[str], *,
+                  new_session: bool = False) -> subprocess.Popen:
+    """Bind ``socket_path`` and start a server on it (``serve``), logging to ``log_path``; ``until`` says when it
+    ends (``--controller PID``: with that process; ``--idle SECONDS``: after so long without a worker)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(str(socket_path))
+        listener.listen(128)  # launchers queue here while the server imports
+        with open(log_path, "wb") as log:
+            return subprocess.Popen(
+                [sys.executable, "-u", str(Path(__file__).resolve()), "serve", str(listener.fileno()),
+                 str(socket_path), *until],
+                pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=environment,
+                start_new_session=new_session)
+    finally:
+        listener.close()  # the server's copy alone: if it dies, launchers are refused and start workers fresh
+
+
+def keep(tx: list[str], environment: dict[str, str], *, idle_s: float = KEPT_IDLE_S) -> Server | None:
+    """The kept fork server for ``environment`` (``start``'s arguments): the one already running for the same key
+    (this interpreter, folder, environment and the preloaded libraries' versions), else one started now, in a new
+    session, to outlive this run. None where ``start`` would give none or the folder is not this user's alone."""
+    if not tx or any(spec != "popen" for spec in tx) or not supported():
+        return None
+    folder = _kept_folder()
+    if folder is None:
+        return None
+    socket_path = folder / f"{_kept_key(environment)}.socket"
+    try:
+        with open(socket_path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one start per key, however many runs begin at once
+            if _answers(socket_path):
+                return Server(None, folder, socket_path, kept=True)
+            with contextlib.suppress(FileNotFoundError):
+                socket_path.unlink()  # a server that ended without removing it
+            process = _spawn_server(socket_path, socket_path.with_suffix(".log"), environment,
+                                    ["--idle", repr(idle_s)], new_session=True)
+    except OSError:
+        return None
+    return Server(process, folder, socket_path, kept=True)
+
+
+def _kept_folder() -> Path | None:
+    """This user's folder of kept servers (``KEPT_FOLDER_ENV``, else one in the temporary folder), made if missing;
+    None where another user owns it or may enter it: its sockets fork processes that run what they are sent."""
+    folder = Path(os.environ.get(KEPT_FOLDER_ENV) or Path(tempfile.gettempdir()) / f"gqa-decode-warm-{os.getuid()}")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        status = folder.lstat()
+    except OSError:
+        return None
+    private = stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid() and not status.st_mode & 0o077
+    return folder if private else None
+
+
+def _kept_key(environment: dict[str, str]) -> str:
+    """What a kept server's imports depend on, hashed: the interpreter, the folder (the search path's first
+    entry), the environment and the versions of the libraries it preloads; and this file."""
+    versions = {}
+    for name in ("numpy", "torch", "triton", "pytest"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    here = Path(__file__).resolve()
+    key = {"python": sys.executable, "folder": os.getcwd(), "versions": versions,
+           "environment": {name: value for name, value in environment.items() if name not in _VOLATILE},
+           "server": [str(here), here.stat().st_mtime_ns]}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _answers(socket_path: Path) -> bool:
+    """Whether a server listens at ``socket_path`` (it answers a ping)."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.settimeout(5.0)
+        connection.connect(str(socket_path))
+        socket.send_fds(connection, [json.dumps({"ping": True}).encode()], [])
+        return connection.recv(16) == b"pong"
+    except OSError:
+        return False
+    finally:
+        connection.close()
 
 
 # ---- the fork server -----------------------------------------------------------------------------------------
 
 
-def serve(listener_fd: int, controller: int) -> None:
-    """Import ``PRELOAD``, then fork a worker for each launcher that connects, until the controller is gone."""
+def serve(listener_fd: int, socket_path: str, *, controller: int | None = None, idle_s: float | None = None) -> None:
+    """Import ``PRELOAD``, then fork a worker for each launcher that connects, until the ``controller`` is gone or,
+    kept, until it has had no worker for ``idle_s`` or its socket is no longer the one at ``socket_path``."""
     if not sys.flags.safe_path:  # as in ``python -c``, which a worker is to itself (-P keeps the first path)
         sys.path[0] = ""
     # A terminal's Ctrl-C reaches the whole process group: it is the workers' to handle, and the server stays to
@@ -160,7 +259,8 @@ def serve(listener_fd: int, controller: int) -> None:
     listener = socket.socket(fileno=listener_fd)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "listener")
-    while os.getppid() == controller:
+    ours, busy = os.stat(socket_path).st_ino, time.monotonic()
+    while os.getppid() == controller if controller is not None else _still_kept(socket_path, ours, busy, idle_s):
         for key, _ in selector.select(timeout=0.5):
             if key.data == "listener":
                 _serve_one(listener, selector)
@@ -171,6 +271,24 @@ def serve(listener_fd: int, controller: int) -> None:
         for worker in _workers(selector):
             if worker.pidfd is None:  # without pidfds, workers are polled
                 worker.ended(selector, launcher_gone=False)
+        if _workers(selector):
+            busy = time.monotonic()
+    if controller is None and _still_ours(socket_path, ours):
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+
+
+def _still_kept(socket_path: str, ours: int, busy: float, idle_s: float | None) -> bool:
+    """A kept server serves on while its socket is its own (not removed, nor bound again by another) and it had a
+    worker within ``idle_s``."""
+    return _still_ours(socket_path, ours) and (idle_s is None or time.monotonic() - busy < idle_s)
+
+
+def _still_ours(socket_path: str, ours: int) -> bool:
+    try:
+        return os.stat(socket_path).st_ino == ours
+    except OSError:
+        return False
 
 
 def _serve_one(listener: socket.socket, selector: selectors.BaseSelector) -> None:
@@ -180,6 +298,9 @@ def _serve_one(listener: socket.socket, selector: selectors.BaseSelector) -> Non
         connection, _ = listener.accept()
     except OSError:  # out of descriptors, say: that launcher gives up in time and starts its worker fresh
         traceback.print_exc()
+        return
+    if not _same_user(connection):  # the folder is private already: a second lock on running what is sent
+        connection.close()
         return
     try:
         _fork_worker(connection, listener, selector)
@@ -223,6 +344,16 @@ class _Worker:
             os.close(self.pidfd)
 
 
+def _same_user(connection: socket.socket) -> bool:
+    """Whether the process at the other end of ``connection`` runs as this one's user."""
+    try:
+        _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except OSError:
+        return False
+    return uid == os.getuid()
+
+
 def _hung_up(connection: socket.socket) -> bool:
     """Whether a launcher's connection is at its end (nothing waiting to be read would be a go for the worker)."""
     try:
@@ -250,6 +381,10 @@ def _fork_worker(connection: socket.socket, listener: socket.socket, selector: s
     message, descriptors, _, _ = socket.recv_fds(connection, _MESSAGE_BYTES, 3)
     try:
         request = json.loads(message)
+        if request.get("ping") and not descriptors:  # a run asking whether a kept server is there
+            connection.sendall(b"pong")
+            connection.close()
+            return
         if len(descriptors) != 3:
             raise ValueError(f"{len(descriptors)} descriptors, not 3")
         server = os.getpid()
@@ -264,6 +399,11 @@ def _fork_worker(connection: socket.socket, listener: socket.socket, selector: s
             _become_worker(request, descriptors, connection, held, server)
         except SystemExit:
             raise
+        except KeyboardInterrupt:  # as ``python -c`` would: print it and end by SIGINT, for the parent to see
+            traceback.print_exc()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         except BaseException:  # noqa: BLE001 - as ``python -c`` would: print it and exit 1
             traceback.print_exc()
             raise SystemExit(1) from None
@@ -339,6 +479,9 @@ def launch(socket_path: str, python: str, arguments: list[str]) -> None:
     if handed is None:
         os.execv(python, [python, *arguments])
     connection, worker = handed
+    with contextlib.suppress(OSError):
+        if os.getpgid(worker) != os.getpgrp():  # a kept server's worker: a terminal's Ctrl-C reaches only this
+            signal.signal(signal.SIGINT, lambda *_: os.kill(worker, signal.SIGINT))
     devnull = os.open(os.devnull, os.O_RDWR)
     for number in range(3):  # the worker holds the pipes now: their ends close when it ends
         os.dup2(devnull, number)
@@ -401,8 +544,10 @@ def _wait_for(pid: int) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "serve":
-        serve(int(sys.argv[2]), int(sys.argv[3]))
+    if sys.argv[1] == "serve":  # serve LISTENER_FD SOCKET (--controller PID | --idle SECONDS)
+        until = {sys.argv[4]: sys.argv[5]}
+        serve(int(sys.argv[2]), sys.argv[3], controller=int(until["--controller"]) if "--controller" in until else None,
+              idle_s=float(until["--idle"]) if "--idle" in until else None)
     elif sys.argv[1] == "launch":
         launch(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:

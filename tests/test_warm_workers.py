@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -159,3 +161,69 @@ def test_xdist_workers_fork_from_the_runs_server_unless_turned_off(tmp_path, war
     forked = "warm_workers.py serve" in log.read_text()
     assert forked == (warm == "on")
     assert ("warm workers: each forked" in result.stdout) == (warm == "on")
+
+
+@pytest.fixture
+def kept_folder(monkeypatch):
+    """A private folder for kept servers (short: a socket's path has about 100 bytes), and their end afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="kw-"))
+    monkeypatch.setenv(warm_workers.KEPT_FOLDER_ENV, str(folder))
+    yield folder
+    for log in folder.glob("*.log"):  # each kept server's own, the same stem as its socket
+        subprocess.run(["pkill", "-f", f"serve .* {folder / log.stem}.socket"], check=False)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_kept_server_serves_the_next_run_and_ends_once_idle(kept_folder):
+    first = warm_workers.keep(["popen"], dict(os.environ), idle_s=4)
+    assert first is not None and first.process is not None and first.kept
+    parents = []
+    for server in (first, warm_workers.keep(["popen"], dict(os.environ), idle_s=4)):  # the second finds the first
+        result = subprocess.run([*_launcher(server), "-u", "-c", REPORT], input="x\n", capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr
+        parents.append(int(result.stdout.split()[0]))
+        assert server.stop() is None  # a run's end leaves it serving
+    assert parents == [first.process.pid] * 2
+    assert first.process.wait(timeout=60) == 0  # idle for 4 s: it ends, and takes its socket with it
+    assert not first.socket.exists()
+
+
+def test_a_kept_server_serves_only_its_own_environment():
+    environment = dict(os.environ, MARK="one")
+    key = warm_workers._kept_key(environment)
+    assert key != warm_workers._kept_key(dict(environment, MARK="two"))
+    assert key == warm_workers._kept_key(dict(environment, OLDPWD="/elsewhere", SHLVL="3"))  # a shell's bookkeeping
+
+
+def test_a_kept_folder_that_others_may_enter_is_not_used(kept_folder):
+    kept_folder.chmod(0o755)
+    assert warm_workers.keep(["popen"], dict(os.environ)) is None
+
+
+def test_xdist_workers_of_two_runs_fork_from_one_kept_server(tmp_path, kept_folder):
+    log = tmp_path / "parents.txt"
+    test_file = tmp_path / "test_parent.py"
+    test_file.write_text("import os\n"
+                         "def test_parent():\n"
+                         f"    with open({str(log)!r}, 'a') as log:\n"
+                         "        log.write(f'{os.getppid()}\\n')\n")
+    for _ in range(2):
+        result = run_pytest(str(test_file), "-n", "2", "--device=cpu", "--warm-workers=kept", "--run-report=none",
+                            "--rootdir", str(tmp_path),
+                            env=clean_environment(**{warm_workers.KEPT_FOLDER_ENV: str(kept_folder)}))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "it is kept for the next run" in result.stdout
+    (parent,) = set(log.read_text().split())
+    assert "warm_workers.py serve" in Path(f"/proc/{parent}/cmdline").read_text().replace("\0", " ")
+
+
+def test_a_launcher_passes_a_terminals_interrupt_to_its_kept_servers_worker(kept_folder):
+    """A kept server's workers are in its session, not the terminal's: the launcher, which is, passes Ctrl-C on."""
+    server = warm_workers.keep(["popen"], dict(os.environ))
+    launcher = subprocess.Popen([*_launcher(server), "-u", "-c", "import time; print('ready', flush=True); "
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert launcher.stdout.readline() == "ready\n"
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=30) == -signal.SIGINT  # the worker's KeyboardInterrupt ended it, as a fresh one's
+    assert "KeyboardInterrupt" in launcher.stderr.read()
