@@ -618,8 +618,8 @@ def main(argv: list[str] | None = None) -> int:
                              "them")
     parser.add_argument("--warm-workers", default="on",
                         help="scaling: the suite's --warm-workers values to compare (on: workers forked from a server "
-                             "with torch imported; kept: from such a server kept between runs, reused from the second run on; off: fresh "
-                             "interpreters)")
+                             "with torch imported; kept: from such a server kept between runs, reused from the "
+                             "second run on; off: fresh interpreters)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="scaling: runs per GPU count (default 1; the first may be cold); startup: runs (5)")
     parser.add_argument("--paths", nargs="+", default=["properties"], help="scaling, startup: test paths")
