@@ -121,14 +121,12 @@ class Server:
         """End the run's server (a kept one stays for the next run); None, or what went wrong with it during the
         run (its workers then started fresh). A second stop does nothing."""
         trouble = None
-        if self.kept:
-            return None
+        if self.kept:  # this run's to report only where it started it and it failed
+            return self._failure() if self.process is not None and self.process.poll() else None
         if not self.directory.exists():
             return None
         if self.process.poll() is not None:  # it ended on its own: a failed start
-            tail = self.log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:] \
-                if self.log.exists() else []
-            trouble = f"it exited {self.process.returncode}: " + " | ".join(tail)
+            trouble = self._failure()
         else:
             self.process.terminate()
             try:
@@ -139,12 +137,24 @@ class Server:
         shutil.rmtree(self.directory, ignore_errors=True)
         return trouble
 
+    def _failure(self) -> str:
+        """How the server ended, with its log's last lines."""
+        tail = self.log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:] \
+            if self.log.exists() else []
+        return f"it exited {self.process.returncode}: " + " | ".join(tail)
+
+
+def _forkable(tx: list[str]) -> bool:
+    """Whether xdist's ``--tx`` specs are plain ``popen`` ones (a user's own specs stay theirs) on a platform that
+    can fork workers from a server."""
+    return bool(tx) and all(spec == "popen" for spec in tx) and supported()
+
 
 def start(tx: list[str], environment: dict[str, str]) -> Server | None:
     """Start the fork server for xdist's workers, given its ``--tx`` specs; None where they are not plain
     ``popen`` (a user's own specs stay theirs) or the platform cannot. ``environment``: the server's (the
     workers bring their own; this one governs its imports, such as the thread counts)."""
-    if not tx or any(spec != "popen" for spec in tx) or not supported():
+    if not _forkable(tx):
         return None
     try:
         directory = Path(tempfile.mkdtemp(prefix="gqa-decode-warm-"))
@@ -181,7 +191,7 @@ def keep(tx: list[str], environment: dict[str, str], *, idle_s: float = KEPT_IDL
     """The kept fork server for ``environment`` (``start``'s arguments): the one already running for the same key
     (this interpreter, folder, environment and the preloaded libraries' versions), else one started now, in a new
     session, to outlive this run. None where ``start`` would give none or the folder is not this user's alone."""
-    if not tx or any(spec != "popen" for spec in tx) or not supported():
+    if not _forkable(tx):
         return None
     folder = _kept_folder()
     if folder is None:

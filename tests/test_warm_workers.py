@@ -106,12 +106,13 @@ def test_a_server_that_dies_before_its_launcher_hears_forked_leaves_one_worker(t
     assert line.split()[1] == "False"  # the fresh interpreter's: no torch
 
 
-def _started_with(script: Path) -> warm_workers.Server:
-    """A server run from ``script`` in place of warm_workers.py (``start`` with its command swapped)."""
+def _started_with(script: Path, starting=warm_workers.start) -> warm_workers.Server:
+    """A server run from ``script`` in place of warm_workers.py (``starting``, ``start`` or ``keep``, with its
+    command swapped)."""
     real = warm_workers.Path.resolve
     try:
         warm_workers.Path.resolve = lambda path: script if path.name == "warm_workers.py" else real(path)
-        server = warm_workers.start(["popen"], dict(os.environ))
+        server = starting(["popen"], dict(os.environ))
     finally:
         warm_workers.Path.resolve = real
     assert server is not None
@@ -227,3 +228,11 @@ def test_a_launcher_passes_a_terminals_interrupt_to_its_kept_servers_worker(kept
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(timeout=30) == -signal.SIGINT  # the worker's KeyboardInterrupt ended it, as a fresh one's
     assert "KeyboardInterrupt" in launcher.stderr.read()
+
+
+def test_a_kept_server_that_fails_is_reported_by_the_run_that_started_it(kept_folder):
+    broken = kept_folder / "broken_server.py"
+    broken.write_text("import sys\nprint('broken on purpose', flush=True)\nsys.exit(3)\n")
+    server = _started_with(broken, warm_workers.keep)
+    server.process.wait(timeout=60)
+    assert server.stop() == "it exited 3: broken on purpose"
