@@ -3,6 +3,7 @@ launcher, that launcher's process running ``python -u -c CODE``; without a serve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -170,8 +171,10 @@ def kept_folder(monkeypatch):
     folder = Path(tempfile.mkdtemp(prefix="kw-"))
     monkeypatch.setenv(warm_workers.KEPT_FOLDER_ENV, str(folder))
     yield folder
-    for log in folder.glob("*.log"):  # each kept server's own, the same stem as its socket
-        subprocess.run(["pkill", "-f", f"serve .* {folder / log.stem}.socket"], check=False)
+    for command in Path("/proc").glob("[0-9]*/cmdline"):  # the servers serving a socket in it
+        with contextlib.suppress(OSError, ValueError):
+            if f"\0{folder}/" in command.read_text() and "warm_workers.py\0serve\0" in command.read_text():
+                os.kill(int(command.parent.name), signal.SIGKILL)
     shutil.rmtree(folder, ignore_errors=True)
 
 
