@@ -241,10 +241,11 @@ def _kept_key(environment: dict[str, str]) -> str:
 
 
 def _answers(socket_path: Path) -> bool:
-    """Whether a server listens at ``socket_path`` (it answers a ping)."""
+    """Whether a server listens at ``socket_path`` (it answers a ping: at once where none listens, after its
+    imports where one has just started)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        connection.settimeout(5.0)
+        connection.settimeout(READY_TIMEOUT_S)
         connection.connect(str(socket_path))
         socket.send_fds(connection, [json.dumps({"ping": True}).encode()], [])
         return connection.recv(16) == b"pong"
