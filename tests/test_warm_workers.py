@@ -181,8 +181,10 @@ def kept_folder(monkeypatch):
 def test_a_kept_server_serves_the_next_run_and_ends_once_idle(kept_folder):
     first = warm_workers.keep(["popen"], dict(os.environ), idle_s=4)
     assert first is not None and first.process is not None and first.kept
+    second = warm_workers.keep(["popen"], dict(os.environ), idle_s=4)  # at once: the first is still importing
+    assert second.process is None and second.socket == first.socket
     parents = []
-    for server in (first, warm_workers.keep(["popen"], dict(os.environ), idle_s=4)):  # the second finds the first
+    for server in (first, second):
         result = subprocess.run([*_launcher(server), "-u", "-c", REPORT], input="x\n", capture_output=True, text=True,
                                 timeout=120)
         assert result.returncode == 0, result.stderr
