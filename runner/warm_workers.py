@@ -490,9 +490,6 @@ def launch(socket_path: str, python: str, arguments: list[str]) -> None:
     if handed is None:
         os.execv(python, [python, *arguments])
     connection, worker = handed
-    with contextlib.suppress(OSError):
-        if os.getpgid(worker) != os.getpgrp():  # a kept server's worker: a terminal's Ctrl-C reaches only this
-            signal.signal(signal.SIGINT, lambda *_: os.kill(worker, signal.SIGINT))
     devnull = os.open(os.devnull, os.O_RDWR)
     for number in range(3):  # the worker holds the pipes now: their ends close when it ends
         os.dup2(devnull, number)
@@ -531,7 +528,7 @@ def _handed_over(socket_path: str, request: dict) -> tuple[socket.socket, int] |
         if not forked.startswith(b"forked "):
             raise OSError("no worker forked")
         # From the go on, no time limit: the worker either starts at once or ends, and either way this ends.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the worker's to handle, as without a launcher
+        signal.signal(signal.SIGINT, _interrupts_for(int(forked.split()[1])))
         connection.settimeout(None)
         connection.sendall(b"go")
         if connection.recv(64) != b"started":
@@ -541,6 +538,24 @@ def _handed_over(socket_path: str, request: dict) -> tuple[socket.socket, int] |
         signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored, it would stay so in a fresh worker
         return None
     return connection, int(forked.split()[1])
+
+
+def _interrupts_for(worker: int):
+    """This launcher's SIGINT handler once its worker is forked: an interrupt is the worker's to handle, as without
+    a launcher. A worker in this process's group (the run's own server's) has it from the terminal already; a kept
+    server's, in that server's session, has it from here."""
+    try:
+        outside = os.getpgid(worker) != os.getpgrp()
+    except OSError:
+        outside = False
+    if not outside:
+        return signal.SIG_IGN
+
+    def passed_on(*_) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(worker, signal.SIGINT)
+
+    return passed_on
 
 
 def _wait_for(pid: int) -> None:
