@@ -95,21 +95,15 @@ def preload_meanwhile() -> threading.Thread:
 
 @dataclass
 class Server:
-    """A fork server: its process (None for a kept one this run found running), its folder, its socket (the run's
-    own: ``socket`` in its folder) and whether it is kept for later runs."""
+    """A fork server: its process (None for a kept one this run found running), its folder, its socket and log
+    (``socket`` and ``server.log`` in the run's own folder; ``KEY.socket`` and ``KEY.log`` for a kept one) and
+    whether it is kept for later runs."""
 
     process: subprocess.Popen | None
     directory: Path
-    socket_path: Path | None = None
+    socket: Path
+    log: Path
     kept: bool = False
-
-    @property
-    def socket(self) -> Path:
-        return self.socket_path or self.directory / "socket"
-
-    @property
-    def log(self) -> Path:
-        return self.socket.with_suffix(".log") if self.kept else self.directory / "server.log"
 
     def spec(self) -> str:
         """xdist's ``--tx`` for a worker started by a launcher that asks this server."""
@@ -160,29 +154,29 @@ def start(tx: list[str], environment: dict[str, str]) -> Server | None:
         directory = Path(tempfile.mkdtemp(prefix="gqa-decode-warm-"))
     except OSError:  # no writable temporary folder: fresh workers
         return None
+    server = Server(None, directory, directory / "socket", directory / "server.log")
     try:
-        process = _spawn_server(directory / "socket", directory / "server.log", environment,
-                                ["--controller", str(os.getpid())])
+        server.process = _spawn(server, environment, ["--controller", str(os.getpid())])
     except OSError:
         shutil.rmtree(directory, ignore_errors=True)
         return None
-    return Server(process, directory)
+    return server
 
 
-def _spawn_server(socket_path: Path, log_path: Path, environment: dict[str, str], until: list[str], *,
-                  new_session: bool = False) -> subprocess.Popen:
-    """Bind ``socket_path`` and start a server on it (``serve``), logging to ``log_path``; ``until`` says when it
-    ends (``--controller PID``: with that process; ``--idle SECONDS``: after so long without a worker)."""
+def _spawn(server: Server, environment: dict[str, str], until: list[str]) -> subprocess.Popen:
+    """Bind ``server``'s socket and start its process on it (``serve``), logging to its log; ``until`` says when it
+    ends (``--controller PID``: with that process; ``--idle SECONDS``: kept, after so long without a worker, in a
+    session of its own)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        listener.bind(str(socket_path))
+        listener.bind(str(server.socket))
         listener.listen(128)  # launchers queue here while the server imports
-        with open(log_path, "wb") as log:
+        with open(server.log, "wb") as log:
             return subprocess.Popen(
                 [sys.executable, "-u", str(Path(__file__).resolve()), "serve", str(listener.fileno()),
-                 str(socket_path), *until],
+                 str(server.socket), *until],
                 pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=environment,
-                start_new_session=new_session)
+                start_new_session=server.kept)
     finally:
         listener.close()  # the server's copy alone: if it dies, launchers are refused and start workers fresh
 
@@ -196,19 +190,19 @@ def keep(tx: list[str], environment: dict[str, str], *, idle_s: float = KEPT_IDL
     folder = _kept_folder()
     if folder is None:
         return None
-    socket_path = folder / f"{_kept_key(environment)}.socket"
+    key = _kept_key(environment)
+    server = Server(None, folder, folder / f"{key}.socket", folder / f"{key}.log", kept=True)
     try:
-        with open(socket_path.with_suffix(".lock"), "w") as lock:
+        with open(folder / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one start per key, however many runs begin at once
-            if _answers(socket_path):
-                return Server(None, folder, socket_path, kept=True)
+            if _answers(server.socket):
+                return server
             with contextlib.suppress(FileNotFoundError):
-                socket_path.unlink()  # a server that ended without removing it
-            process = _spawn_server(socket_path, socket_path.with_suffix(".log"), environment,
-                                    ["--idle", repr(idle_s)], new_session=True)
+                server.socket.unlink()  # a server that ended without removing it
+            server.process = _spawn(server, environment, ["--idle", repr(idle_s)])
     except OSError:
         return None
-    return Server(process, folder, socket_path, kept=True)
+    return server
 
 
 def _kept_folder() -> Path | None:
@@ -228,7 +222,7 @@ def _kept_key(environment: dict[str, str]) -> str:
     """What a kept server's imports depend on, hashed: the interpreter, the folder (the search path's first
     entry), the environment and the versions of the libraries it preloads; and this file."""
     versions = {}
-    for name in ("numpy", "torch", "triton", "pytest"):
+    for name in dict.fromkeys(module.partition(".")[0] for module in PRELOAD):  # their distributions' names
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -279,10 +273,11 @@ def serve(listener_fd: int, socket_path: str, *, controller: int | None = None, 
                 key.data.ended(selector, launcher_gone=False)
             elif _hung_up(key.fileobj):  # a launcher that went away (else: its go, which its worker reads)
                 key.data.ended(selector, launcher_gone=True)
-        for worker in _workers(selector):
+        workers = _workers(selector)
+        for worker in workers:
             if worker.pidfd is None:  # without pidfds, workers are polled
                 worker.ended(selector, launcher_gone=False)
-        if _workers(selector):
+        if workers:
             busy = time.monotonic()
     if controller is None and _still_ours(socket_path, ours):
         with contextlib.suppress(OSError):
