@@ -18,9 +18,11 @@ guarded implementation, each with its property's draws:
    values, scale or seed that put a head's every logit far below zero are that one need
    (the domain of a finite mask sentinel, which many regimes reach).
 3. Another failing property joins the cause when its own minimal case has what the cause
-   needs and either the representative's case (under the other's definition) breaks its
-   claim, or its own case stops failing once the needed fields but the definition go to
-   their defaults (passing under the seed's definition shows no shared cause).
+   needs and either the representative's case (under the other's definition, with the other's
+   knobs) breaks its claim, or, where it ran with the representative's knobs, its own case stops
+   failing once the needed fields but the definition go to their defaults (passing under the
+   seed's definition shows no shared cause; under other knobs, another code path of the
+   implementation, needing the same fields shows no shared defect).
 4. A claim that its draws decide rather than its case (the bad-input claim: each corruption
    a check the implementation makes or lacks) is one cause when its representative needs
    nothing of its case: its other failures join it once each fails again on its own case,
@@ -522,6 +524,8 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
     if prober.fails(other, case):
         return "the representative's case fails its check too" + (" under its own definition" if case is not rep.case
                                                                    else "")
+    if other.knobs != rep.knobs:  # another path of the implementation: the representative's case passed there
+        return None
     fields = _needed_fields(needed)
     passes_at_defaults = fields and prober.fails(other, _toward_defaults(other.case, fields)) is False
     if passes_at_defaults and prober.fails(other, other.case):

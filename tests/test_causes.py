@@ -451,3 +451,33 @@ def test_failures_that_need_particular_values_are_one_cause_whatever_their_seeds
     (cause,) = find_causes(failures, _prober(_wrong_where_q_sums_above_zero, probes=100, seconds=100))
     assert cause.needs == ["particular values (seed 3 fails, seed 0 passes)"], cause.summary
     assert cause.properties == [BOUND, SINGLE_TOKEN]
+
+
+BLOCK_EDGES = "properties/test_edge_shapes.py::test_lengths_at_block_edges_stay_within_error_bound"
+
+
+def _two_paths(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, path="plain"):
+    """Two code paths behind a knob, each with a defect of its own that needs a length: the "fast" path is wrong
+    for any sequence of two or more tokens, the "plain" one from five tokens on (as FlashInfer's tensor-core path
+    and its split-KV partials are wrong on sequences of their own)."""
+    output, lse = torch_float32(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
+    longest = int((kv_indptr[1:] - kv_indptr[:-1]).max()) if kv_indptr.numel() > 1 else 0
+    wrong = longest >= (2 if path == "fast" else 5)
+    return (output + 1 if wrong else output), lse
+
+
+def test_a_failure_on_another_knob_path_joins_only_where_the_representatives_case_fails_there():
+    """A failure that needs what a cause needs (a sequence of two or more tokens) joins it only where it ran the
+    representative's knob values or the representative's case fails with its own: the plain path's defect is a
+    cause of its own beside the fast path's, though both pass once their lengths go to the default, and another
+    fast-path failure joins the fast path's."""
+    fast, plain = {"path": "fast"}, {"path": "plain"}
+    failures = [Failure(BOUND, "a.pt", "AssertionError", case=DecodeCase(lengths=(2,)), knobs=fast),
+                Failure(BLOCK_EDGES, "b.pt", "AssertionError", case=DecodeCase(lengths=(7,)), knobs=plain),
+                Failure(SINGLE_TOKEN, "c.pt", "AssertionError", case=DecodeCase(lengths=(1, 7)), knobs=fast)]
+    prober = _prober(_two_paths, probes=100, seconds=100)
+    found = find_causes(failures, prober)
+    assert [cause.properties for cause in found] == [[BOUND, SINGLE_TOKEN], [BLOCK_EDGES]], prober.tried
+    assert found[0].needs == ["a sequence of 2 or more tokens"], found[0].summary
+    assert found[1].needs == ["a sequence of 2 or more tokens"], found[1].summary
+    assert found[1].representative.knobs == plain
