@@ -8,9 +8,10 @@ guarded implementation, each with its property's draws:
 
 1. The simplest failing case not yet explained becomes a representative; its own claim must
    fail on it again (else it stays a cause of its own, "not reproduced by its probe").
-2. One descriptor field at a time moves toward its default (``DEFAULTS``; a ``PrefillCase``'s:
-   ``PREFILL_DEFAULTS``, its query and key counts moved as one field): a field whose
-   default makes the failure go away is one the failure needs. A needed scale, length,
+2. Each knob the representative ran (the implementation's declared default first), then one
+   descriptor field at a time, moves toward its default (``DEFAULTS``; a ``PrefillCase``'s:
+   ``PREFILL_DEFAULTS``, its query and key counts moved as one field): a knob or field whose
+   default makes the failure go away is one the failure needs ("use_tensor_cores=True"). A needed scale, length,
    pool or seed is then described by its class ("scale <= 0", "an empty sequence", "page ids >=
    2^22", "particular values": any seed but the default's), confirmed with one more member
    of the class where one is at hand; fields that
@@ -18,7 +19,7 @@ guarded implementation, each with its property's draws:
    values, scale or seed that put a head's every logit far below zero are that one need
    (the domain of a finite mask sentinel, which many regimes reach).
 3. Another failing property joins the cause when its own minimal case has what the cause
-   needs and either the representative's case (under the other's definition, with the other's
+   needs, it ran the knob values the cause needs, and either the representative's case (under the other's definition, with the other's
    knobs) breaks its claim, or, where it ran with the representative's knobs, its own case stops
    failing once the needed fields but the definition go to their defaults (passing under the
    seed's definition shows no shared cause; under other knobs, another code path of the
@@ -78,7 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Budget", "Cause", "ClaimReferenceError", "Failure", "Prober", "as_json", "claim_at", "failures_of_run",
-    "find_causes", "grouped", "load", "save", "short_case", "summary_lines",
+    "find_causes", "grouped", "knob_defaults", "load", "save", "short_case", "summary_lines",
 ]
 
 FILE_NAME = "causes.json"
@@ -206,6 +207,8 @@ class Prober:
 
     A failure's claim is the one its case file names (``Failure.claim``, imported by ``claim_at``);
     ``release`` frees what a probe left where the device is short of memory. ``tried`` lists every probe in words.
+    ``knob_defaults``: each of the implementation's knobs at its declared default (its first value), which a
+    representative's knob moves to as a case field moves to its default.
     """
 
     impl: Callable
@@ -213,6 +216,7 @@ class Prober:
     contract: str
     budget: Budget = field(default_factory=Budget)
     release: Callable[[], None] = lambda: None
+    knob_defaults: dict[str, Any] = field(default_factory=dict)
     tried: list[str] = field(default_factory=list)
     stopped: str | None = None  # why probing ended early (budget, a lost CUDA context)
 
@@ -225,6 +229,7 @@ class Prober:
                                             f"{self.budget.spent:.1f} s)")
             return None
         prop, draws, knobs = failure.prop, failure.draws, failure.knobs
+        said = _with(case, {**(draws or {}), **knobs})  # the case as probed, its knob values with it
         start, verdict = time.perf_counter(), None
         try:
             claim = claim_at(failure.claim)
@@ -233,11 +238,11 @@ class Prober:
                 claim(impl, case, self.device, self.contract, **(draws or {}))
             verdict = False
         except ClaimReferenceError as error:
-            self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, {error}")
+            self.tried.append(f"{_short(prop)} on {said}: undecided, {error}")
         except (UnsatisfiedAssumption, pytest.skip.Exception):
-            self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, the claim does not apply")
+            self.tried.append(f"{_short(prop)} on {said}: undecided, the claim does not apply")
         except (SuiteOutOfMemory, MemoryError) as error:
-            self.tried.append(f"{_short(prop)} on {_with(case, draws)}: undecided, {type(error).__name__}")
+            self.tried.append(f"{_short(prop)} on {said}: undecided, {type(error).__name__}")
         except CudaContextLost as error:
             self.stopped = f"the CUDA context was lost: {str(error).splitlines()[0]}"
         # pytest's own failure (``pytest.fail``, ``pytest.raises``' "DID NOT RAISE") is a BaseException: a claim
@@ -257,7 +262,7 @@ class Prober:
             self.budget.used += 1
             self.budget.spent += time.perf_counter() - start  # its clean-up too: the budget bounds the wall time
         if verdict is not None:
-            self.tried.append(f"{_short(prop)} on {_with(case, draws)}: {'fails' if verdict else 'passes'}")
+            self.tried.append(f"{_short(prop)} on {said}: {'fails' if verdict else 'passes'}")
         return verdict
 
 
@@ -397,14 +402,22 @@ class _Needed:
     words: list[str] = field(default_factory=list)
     free: list[str] = field(default_factory=list)
     tests: dict[str, Callable[[Any], bool]] = field(default_factory=dict)  # field -> does a case have it
+    knobs: dict[str, Any] = field(default_factory=dict)  # knob -> the value the failure needs
 
-    def holds_for(self, case: Case) -> bool:
-        return all(test(case) for test in self.tests.values())
+    def holds_for(self, failure: Failure) -> bool:
+        """Whether ``failure``'s case has what is needed, and it ran the knob values needed."""
+        return (all(test(failure.case) for test in self.tests.values())
+                and all(failure.knobs.get(name) == value for name, value in self.knobs.items()))
 
 
 def _vary(prober: Prober, rep: Failure) -> _Needed:
-    """Move each field of the representative's case toward its default, one at a time."""
+    """Move each knob the representative ran, then each field of its case, toward its default, one at a time."""
     case, needed = rep.case, _Needed()
+    for name, value in rep.knobs.items():
+        default = prober.knob_defaults.get(name, value)
+        if value != default and prober.fails(replace(rep, knobs={**rep.knobs, name: default}), case) is False:
+            needed.words.append(f"{name}={value!r}")
+            needed.knobs[name] = value
     words_of: dict[str, list[str]] = {}
     for name, default in _defaults(case).items():
         value = _field(case, name)
@@ -516,7 +529,7 @@ def _toward_defaults(case: Case, fields: list[str]) -> Case:
 def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str | None:
     """Why ``other`` belongs to the representative's cause, or None (never across op types: a decode case is no
     case of a prefill claim)."""
-    if _prefill(rep.case) != _prefill(other.case) or not needed.holds_for(other.case):
+    if _prefill(rep.case) != _prefill(other.case) or not needed.holds_for(other):
         return None
     # A cause that needs its definition: the representative's case under the other's own definition, which may
     # fail for another reason (its own definition's), so under the representative's it would join wrongly.
@@ -673,6 +686,11 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
             seen.add(property_name(nodeid))
             failures.append(Failure(nodeid))
     return failures
+
+
+def knob_defaults(declared: dict[str, tuple]) -> dict[str, Any]:
+    """Each declared knob (``run.knobs``: its values, the default first) at its default, for ``Prober``."""
+    return {name: values[0] for name, values in declared.items() if values}
 
 
 def _knobs_of(payload: dict, names: tuple[str, ...]) -> dict:

@@ -625,7 +625,8 @@ class SuiteRun:
         release = self._release_after_probe if state.device.type == "cuda" else (lambda: None)
         deadline = state.plan.deadline
         budget = causes.Budget.for_failures(len(failures), None if deadline is None else deadline - time.time())
-        prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract, budget=budget, release=release)
+        prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract, budget=budget, release=release,
+                               knob_defaults=causes.knob_defaults(state.target.knobs))
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True

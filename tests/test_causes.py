@@ -468,16 +468,20 @@ def _two_paths(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, path="
 
 def test_a_failure_on_another_knob_path_joins_only_where_the_representatives_case_fails_there():
     """A failure that needs what a cause needs (a sequence of two or more tokens) joins it only where it ran the
-    representative's knob values or the representative's case fails with its own: the plain path's defect is a
-    cause of its own beside the fast path's, though both pass once their lengths go to the default, and another
-    fast-path failure joins the fast path's."""
+    knob values the cause needs and the representative's, or the representative's case fails with its own: the
+    plain path's defect is a cause of its own beside the fast path's, though both pass once their lengths go to
+    the default, and another fast-path failure joins the fast path's."""
     fast, plain = {"path": "fast"}, {"path": "plain"}
     failures = [Failure(BOUND, "a.pt", "AssertionError", case=DecodeCase(lengths=(2,)), knobs=fast),
                 Failure(BLOCK_EDGES, "b.pt", "AssertionError", case=DecodeCase(lengths=(7,)), knobs=plain),
                 Failure(SINGLE_TOKEN, "c.pt", "AssertionError", case=DecodeCase(lengths=(1, 7)), knobs=fast)]
     prober = _prober(_two_paths, probes=100, seconds=100)
+    prober.knob_defaults = causes.knob_defaults({"path": ("plain", "fast")})
     found = find_causes(failures, prober)
     assert [cause.properties for cause in found] == [[BOUND, SINGLE_TOKEN], [BLOCK_EDGES]], prober.tried
-    assert found[0].needs == ["a sequence of 2 or more tokens"], found[0].summary
+    # the knob is a need where its default passes, and said first: the two causes read apart
+    assert found[0].needs == ["path='fast'", "a sequence of 2 or more tokens"], found[0].summary
+    probed = "test_output_and_lse_within_error_bound on DecodeCase(lengths=(2,)) with path='plain': passes"
+    assert probed in prober.tried, prober.tried
     assert found[1].needs == ["a sequence of 2 or more tokens"], found[1].summary
     assert found[1].representative.knobs == plain

@@ -75,7 +75,8 @@ def test_declared_knobs_are_drawn_per_example_and_explicit_examples_use_the_defa
 
 def test_a_knob_that_breaks_the_kernel_is_in_its_case_file_its_replay_and_its_cause(tmp_path):
     """The knob values an example drew are recorded with its calls: the replay and the root-cause probes call
-    the implementation with them (with the defaults a failure only one value gives "passed when probed")."""
+    the implementation with them (with the defaults a failure only one value gives "passed when probed"), and
+    the cause names the knob value it needs (its default passes)."""
     (tmp_path / "spiced_is_wrong.py").write_text(
         "from tests.impls.torch_float32 import run as correct\n"
         "def run(*args, flavour):\n"
@@ -88,6 +89,7 @@ def test_a_knob_that_breaks_the_kernel_is_in_its_case_file_its_replay_and_its_ca
                         "--hypothesis-profile=ci", f"--impl={tmp_path / 'spiced_is_wrong.py'}:run", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "flavour='spiced'" in result.stdout and "its own check passed" not in result.stdout, result.stdout
+    assert "1. flavour='spiced', any length: 1 property" in result.stdout, result.stdout  # the knob is what it needs
     (case_file,) = (tmp_path / "failures").glob("*.pt")
     replay = run_module("gqa_decode_fuzz.record.repro", str(case_file), "--no-png", env=env)
     assert replay.returncode == 1 and "flavour='spiced'" in replay.stdout, replay.stdout + replay.stderr
