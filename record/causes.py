@@ -19,8 +19,9 @@ guarded implementation, each with its property's draws:
    values, scale or seed that put a head's every logit far below zero are that one need
    (the domain of a finite mask sentinel, which many regimes reach).
 3. Another failing property joins the cause when its own minimal case has what the cause
-   needs, it ran the knob values the cause needs, and either the representative's case (under the other's definition, with the other's
-   knobs) breaks its claim, or, where it ran with the representative's knobs, its own case stops
+   needs, it ran the knob values the cause needs, and either the representative's case (under
+   the other's definition, with the other's knobs) breaks its claim, or, where it ran with the
+   representative's knobs, its own case stops
    failing once the needed fields but the definition go to their defaults (passing under the
    seed's definition shows no shared cause; under other knobs, another code path of the
    implementation, needing the same fields shows no shared defect).
