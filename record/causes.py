@@ -21,10 +21,9 @@ guarded implementation, each with its property's draws:
 3. Another failing property joins the cause when its own minimal case has what the cause
    needs, it ran the knob values the cause needs, and either the representative's case (under
    the other's definition, with the other's knobs) breaks its claim, or, where it ran with the
-   representative's knobs, its own case stops
-   failing once the needed fields but the definition go to their defaults (passing under the
-   seed's definition shows no shared cause; under other knobs, another code path of the
-   implementation, needing the same fields shows no shared defect).
+   representative's knobs, its own case stops failing once the needed fields but the definition
+   go to their defaults (passing under the seed's definition shows no shared cause; under other
+   knobs, another code path of the implementation, needing the same fields shows no shared defect).
 4. A claim that its draws decide rather than its case (the bad-input claim: each corruption
    a check the implementation makes or lacks) is one cause when its representative needs
    nothing of its case: its other failures join it once each fails again on its own case,
