@@ -537,7 +537,7 @@ def _joins(prober: Prober, rep: Failure, needed: _Needed, other: Failure) -> str
     if prober.fails(other, case):
         return "the representative's case fails its check too" + (" under its own definition" if case is not rep.case
                                                                    else "")
-    if other.knobs != rep.knobs:  # another path of the implementation: the representative's case passed there
+    if other.knobs != rep.knobs:  # another path of the implementation, where the representative's case did not fail
         return None
     fields = _needed_fields(needed)
     passes_at_defaults = fields and prober.fails(other, _toward_defaults(other.case, fields)) is False
