@@ -19,7 +19,8 @@ driver's device count, the run id, the GPUs the workers share) at configure time
 implementation and the ``SuiteRun`` (``_start``) at its collection step, while its workers start.
 Every other process (a worker, a run without xdist) does both at configure time. With warm workers
 (``--warm-workers``, the default) the workers are forked from a server of the controller's that imports torch
-and Triton once (``warm_workers``); the controller imports them too while it waits for the server.
+and Triton once (``warm_workers``); while they wait for its imports, the controller makes its whole load
+(torch, Triton, the implementation) in a thread (``_Loading``), and its collection step only takes the result.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import datetime
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -256,15 +258,11 @@ def _run_plan(config: pytest.Config) -> RunPlan:
             made += (gpus.export_gpus(ids, gpus.workers_per_gpu(option.workers_per_gpu, len(ids))),)
             if _starts_workers(config):
                 server, no_server = _own_mps_server(option.mps, ids, option.numprocesses or 0)
-    # The workers wait for the server's imports: this process makes its own meanwhile, as it starts them, instead
-    # of after (its collection step, which loads the implementation, waits for them). Only now: the thread reads
-    # the environment as it imports, which must not be written beside it.
-    preloading = warm_workers.preload_meanwhile() if warm is not None else None
     return RunPlan(
         spec=option.impl, device=device, contract=_tier(option.contract, option.impl),
         sizes=option.case_sizes or ("small" if device == "cpu" else "large"), run_id=run_id, worker=worker,
         controller=controller, claims_dir=claims_dir, made_dirs=made, mps_server=server, no_mps_server=no_server,
-        isolated=isolated, deadline=deadline, child=child, warm_server=warm, preloading=preloading,
+        isolated=isolated, deadline=deadline, child=child, warm_server=warm,
     )
 
 
@@ -403,16 +401,47 @@ def _workload_cases(spec: str | None, root: Path, chosen: tuple) -> tuple:
         raise pytest.UsageError(str(error)) from None
 
 
+class _Loading:
+    """An xdist controller's load (torch, Triton, the implementation, the ``RunState``) in a thread started as it
+    configures, so that it overlaps the start of its workers instead of following it; its collection step takes
+    the result (``result``), or the error, a usage error on the main thread as a load there would raise it."""
+
+    def __init__(self, config: pytest.Config, plan: RunPlan) -> None:
+        self._state: RunState | None = None
+        self._error: BaseException | None = None
+        # Started after every write to the environment of this process: the thread reads it as it imports.
+        self._thread = threading.Thread(target=self._load, args=(config, plan), name="gqa-decode-load", daemon=True)
+        self._thread.start()
+
+    def _load(self, config: pytest.Config, plan: RunPlan) -> None:
+        try:
+            warm_workers.preload()
+            from . import suite_run  # noqa: F401  (torch and the engine: imported here, off the main thread)
+
+            self._state = _run_state(config, plan)
+            if plan.isolated:  # the controller runs no test: its child only told the declarations
+                self._state.target.function.close()
+        except BaseException as error:  # noqa: BLE001  (raised again on the main thread by ``result``)
+            self._error = error
+
+    def result(self) -> RunState:
+        """The loaded state; what the load raised, raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._state
+
+
+LOADING = pytest.StashKey[_Loading]()
+
+
 def _start(config: pytest.Config) -> SuiteRun:
-    """Load the implementation (and with it torch) and register the run's ``SuiteRun``."""
+    """Register the run's ``SuiteRun``, with its state: loaded now, or taken from the controller's ``_Loading``."""
     plan = config.stash[PLAN]
-    if plan.preloading is not None:
-        plan.preloading.join()
+    loading = config.stash.get(LOADING, None)
+    state = loading.result() if loading is not None else _run_state(config, plan)
     from .suite_run import SuiteRun  # torch: after the workers start
 
-    state = _run_state(config, plan)
-    if state.plan.controller and state.plan.isolated:  # it runs no test: its child only told the declarations
-        state.target.function.close()
     config.stash[RUN] = state
     run = SuiteRun(config, state, PIN)
     config.pluginmanager.register(run, SUITE_RUN)
@@ -440,9 +469,11 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "properties.claims.property_claim, required of every test in the suite")
     config.addinivalue_line("markers", "workloads(argument): each --workloads case becomes an explicit example of "
                                        "this property, given as its argument named so")
-    config.stash[PLAN] = _run_plan(config)
+    plan = config.stash[PLAN] = _run_plan(config)
     if not _starts_workers(config):
         _start(config)
+    elif plan.warm_server is not None:  # its workers wait for the server's imports: it makes its own meanwhile
+        config.stash[LOADING] = _Loading(config, plan)
 
 
 @pytest.hookimpl(optionalhook=True)

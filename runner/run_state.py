@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import threading
-
     import torch
 
     from gqa_decode_fuzz.engine import child_start
@@ -45,7 +43,6 @@ class RunPlan:
     deadline: float | None = None  # --time-budget: no test starts after this time.time()
     child: child_start.Started | None = None  # isolated, not a controller: the child, spawned before torch is here
     warm_server: warm_workers.Server | None = None  # an xdist controller's: its workers are forked from it
-    preloading: threading.Thread | None = None  # with a warm server: this process's own imports, meanwhile
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import types
@@ -80,14 +79,6 @@ def preload() -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
-
-
-def preload_meanwhile() -> threading.Thread:
-    """``preload`` in a thread of this process, started now: the controller's imports while its workers wait for
-    the server's (join it before this process needs them)."""
-    thread = threading.Thread(target=preload, name="gqa-decode-preload", daemon=True)
-    thread.start()
-    return thread
 
 
 # ---- the controller's side ---------------------------------------------------------------------------------
