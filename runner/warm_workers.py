@@ -25,7 +25,8 @@ Where anything fails (no server, a refused hand-over, an interpreter option the 
 runs the worker the ordinary way, by ``exec`` of the interpreter with its arguments: a run never depends on the
 server. The hand-over is a handshake (request, "forked", go, "started"), so that a launcher that falls back never
 shares its pipes with a forked child (``_fork_worker``). When a launcher goes (xdist killed it), the server kills
-its worker; the server ignores Ctrl-C (the workers' to handle) and ends with the controller.
+its worker; the server ignores Ctrl-C (the workers' to handle) and ends with the controller (one killed
+outright leaves it to remove the run's folder).
 
 This file runs three ways: imported by the plugin (``start``, ``Server``), and as a script, ``serve`` (the fork
 server) and ``launch`` (the launcher, run ``python -I -S``: the standard library only, so it starts in
@@ -270,7 +271,9 @@ def serve(listener_fd: int, socket_path: str, *, controller: int | None = None, 
                 worker.ended(selector, launcher_gone=False)
         if workers:
             busy = time.monotonic()
-    if controller is None and _still_ours(socket_path, ours):
+    if controller is not None:  # its controller is gone without stopping it (killed): the folder was the run's own
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
+    elif _still_ours(socket_path, ours):
         with contextlib.suppress(OSError):
             os.unlink(socket_path)
 

@@ -107,6 +107,23 @@ def test_a_server_that_dies_before_its_launcher_hears_forked_leaves_one_worker(t
     assert line.split()[1] == "False"  # the fresh interpreter's: no torch
 
 
+def test_a_runs_server_whose_controller_is_killed_removes_its_folder(tmp_path):
+    """A controller killed outright never stops its server: the server, left without it, ends and takes the run's
+    folder (its socket and log) with it."""
+    controller = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys, time; from gqa_decode_fuzz.runner import warm_workers; "
+         "server = warm_workers.start(['popen'], dict(os.environ)); print(server.directory, flush=True); "
+         "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    folder = Path(controller.stdout.readline().strip())
+    assert (folder / "socket").exists()
+    controller.kill()
+    controller.wait()
+    deadline = time.monotonic() + 60  # the server finishes its imports first
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not folder.exists()
+
+
 def _started_with(script: Path, starting=warm_workers.start) -> warm_workers.Server:
     """A server run from ``script`` in place of warm_workers.py (``starting``, ``start`` or ``keep``, with its
     command swapped)."""
