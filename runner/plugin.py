@@ -473,6 +473,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _starts_workers(config):
         _start(config)
     elif plan.warm_server is not None:  # its workers wait for the server's imports: it makes its own meanwhile
+        warm_workers.start_gateways_at_once()
         config.stash[LOADING] = _Loading(config, plan)
 
 

@@ -130,6 +130,31 @@ class Server:
         return f"it exited {self.process.returncode}: " + " | ".join(tail)
 
 
+def start_gateways_at_once() -> bool:
+    """Have xdist, in this process (a controller whose workers a server forks), make its workers' gateways at once,
+    each in a thread, instead of one after another: each is a launcher's start, a fork and execnet's bootstrap,
+    mostly waiting, 80 to 420 ms apiece (docs/performance.md). False where xdist lacks what this replaces (its
+    ``NodeManager.setup_nodes`` and ``setup_node``): the gateways are then made one after another, as before."""
+    try:
+        from xdist.workermanage import NodeManager
+    except ImportError:
+        return False
+    if not all(callable(getattr(NodeManager, name, None)) for name in ("setup_nodes", "setup_node")):
+        return False
+    NodeManager.setup_nodes = _setup_nodes_at_once
+    return True
+
+
+def _setup_nodes_at_once(manager, putevent) -> list:
+    """xdist's ``NodeManager.setup_nodes`` (its hook, then ``setup_node`` for each spec, in the specs' order), the
+    nodes set up in threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    manager.config.hook.pytest_xdist_setupnodes(config=manager.config, specs=manager.specs)
+    with ThreadPoolExecutor(max(len(manager.specs), 1), thread_name_prefix="gqa-decode-gateway") as pool:
+        return list(pool.map(lambda spec: manager.setup_node(spec, putevent), manager.specs))
+
+
 def _forkable(tx: list[str]) -> bool:
     """Whether xdist's ``--tx`` specs are plain ``popen`` ones (a user's own specs stay theirs) on a platform that
     can fork workers from a server."""

@@ -11,7 +11,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -122,6 +124,25 @@ def test_a_runs_server_whose_controller_is_killed_removes_its_folder(tmp_path):
     while folder.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not folder.exists()
+
+
+def test_xdists_gateways_are_made_at_once_in_the_specs_order(monkeypatch):
+    """Each node's set-up waits for all the others to have begun (a barrier): one after another, it would break."""
+    from xdist.workermanage import NodeManager
+
+    monkeypatch.setattr(NodeManager, "setup_nodes", NodeManager.setup_nodes)  # restored after the test
+    assert warm_workers.start_gateways_at_once() and NodeManager.setup_nodes is warm_workers._setup_nodes_at_once
+    told, specs = [], ["gw0", "gw1", "gw2", "gw3"]
+    all_begun = threading.Barrier(len(specs), timeout=60)
+
+    def setup_node(spec, putevent):
+        all_begun.wait()
+        return f"node {spec} {putevent}"
+
+    hook = types.SimpleNamespace(pytest_xdist_setupnodes=lambda config, specs: told.append(list(specs)))
+    manager = types.SimpleNamespace(config=types.SimpleNamespace(hook=hook), specs=specs, setup_node=setup_node)
+    assert NodeManager.setup_nodes(manager, "put") == [f"node {spec} put" for spec in specs]
+    assert told == [specs]
 
 
 def _started_with(script: Path, starting=warm_workers.start) -> warm_workers.Server:
