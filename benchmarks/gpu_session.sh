@@ -77,6 +77,10 @@
 #                                            # oracle's grouping by length, oracle_groups.py); then the device's busy time per
 #                                            # example (throughput.py launches; NO_LAUNCHES=1 leaves it out); each
 #                                            # failure's case and error in case_files.txt
+#   bash benchmarks/gpu_session.sh start     # the plain command's start with --warm-workers=kept (throughput.py startup):
+#                                            # this tree's, with its gateways one after another too
+#                                            # (benchmarks/sequential_gateways.py), and BEFORE=dir's (an older checkout);
+#                                            # then the plain command with on and kept, and BEFORE's with kept
 #   bash benchmarks/gpu_session.sh oracle    # the oracle's, bound's and comparison's tests on CUDA, then the busy time per
 #                                            # example (launches), the stage table and the plain run at RUNS (default
 #                                            # "1500x8"), for BEFORE=dir (an older checkout; its runs BEFORE_RUNS,
@@ -514,6 +518,20 @@ cudnn adapters/torch_sdpa.py:cudnn_as_served 260 40 all
 sglang adapters/sglang_decode.py:run_as_served 400 60 auto
 ENTRIES
   (cd "$OUT" && tar czf seven-logs.tgz logs-*.tgz memory.csv 2>/dev/null && rm -f logs-*.tgz memory.csv)
+  ;;
+start)
+  nvidia-smi -L | tee -a "$OUT/summary.txt"
+  STARTUP=(python3 benchmarks/throughput.py startup --device cuda --workers auto --repeat 4 -- --warm-workers=kept)
+  if [ -n "${BEFORE:-}" ]; then  # its own namespace: the older checkout's folders, not this one's
+    step start_before 100 bash -c "cd '$BEFORE' && unset PYTHONPATH && . benchmarks/namespace.sh && ${STARTUP[*]}"
+  fi
+  step start_now 100 "${STARTUP[@]}"
+  step start_gateways_one_by_one 100 "${STARTUP[@]}" -p benchmarks.sequential_gateways
+  step plain_now 220 python3 benchmarks/throughput.py scaling --gpus 1 --warm-workers on,kept --repeat 3
+  if [ -n "${BEFORE:-}" ]; then
+    step plain_before 110 bash -c "cd '$BEFORE' && unset PYTHONPATH && . benchmarks/namespace.sh && \
+      python3 benchmarks/throughput.py scaling --gpus 1 --warm-workers kept --repeat 3"
+  fi
   ;;
 causes)
   nvidia-smi -L | tee "$OUT/summary.txt"
