@@ -133,7 +133,7 @@ class Server:
 def start_gateways_at_once() -> bool:
     """Have xdist, in this process (a controller whose workers a server forks), make its workers' gateways at once,
     each in a thread, instead of one after another: each is a launcher's start, a fork and execnet's bootstrap,
-    mostly waiting, 80 to 420 ms apiece (docs/performance.md). False where xdist lacks what this replaces (its
+    mostly waiting (docs/performance.md has what that costs). False where xdist lacks what this replaces (its
     ``NodeManager.setup_nodes`` and ``setup_node``): the gateways are then made one after another, as before."""
     try:
         from xdist.workermanage import NodeManager
