@@ -418,9 +418,7 @@ class _Loading:
             warm_workers.preload()
             from . import suite_run  # noqa: F401  (torch and the engine: imported here, off the main thread)
 
-            self._state = _run_state(config, plan)
-            if plan.isolated:  # the controller runs no test: its child only told the declarations
-                self._state.target.function.close()
+            self._state = _loaded_state(config, plan)
         except BaseException as error:  # noqa: BLE001  (raised again on the main thread by ``result``)
             self._error = error
 
@@ -435,11 +433,20 @@ class _Loading:
 LOADING = pytest.StashKey[_Loading]()
 
 
+def _loaded_state(config: pytest.Config, plan: RunPlan) -> RunState:
+    """``_run_state``; an xdist controller of an isolated implementation then stops its child, which only told it
+    the declarations (it runs no test, and the process's exit would wait on the child)."""
+    state = _run_state(config, plan)
+    if plan.controller and plan.isolated:
+        state.target.function.close()
+    return state
+
+
 def _start(config: pytest.Config) -> SuiteRun:
     """Register the run's ``SuiteRun``, with its state: loaded now, or taken from the controller's ``_Loading``."""
     plan = config.stash[PLAN]
     loading = config.stash.get(LOADING, None)
-    state = loading.result() if loading is not None else _run_state(config, plan)
+    state = loading.result() if loading is not None else _loaded_state(config, plan)
     from .suite_run import SuiteRun  # torch: after the workers start
 
     config.stash[RUN] = state

@@ -149,7 +149,10 @@ def test_cuda_without_cuda_is_a_usage_error_under_xdist():
     assert "--device=cuda but torch sees no CUDA device" in result.stderr
 
 
-def test_an_xdist_controller_says_what_the_implementation_declares(tmp_path):
+@pytest.mark.parametrize("warm", ["off", "on"])  # loaded at its collection step, or in a thread beside the workers
+def test_an_xdist_controller_says_what_the_implementation_declares(tmp_path, warm):
+    """It prints what an isolated implementation declares, told by a child of its own, and then stops that child:
+    the run ends (its exit would wait on the child)."""
     (tmp_path / "with_knobs.py").write_text(
         "from tests.impls.torch_float32 import run as correct\n"
         "def run(*args, flavour):\n"
@@ -158,7 +161,7 @@ def test_an_xdist_controller_says_what_the_implementation_declares(tmp_path):
     )
     result = run_pytest("properties/test_edge_shapes.py", "-n", "2", "--hypothesis-profile=ci",
                         "-k", "test_batch_zero_gives_empty_results", f"--impl={tmp_path / 'with_knobs.py'}:run",
-                        env=clean_environment(GQA_DECODE_REPORT_DIR="none"))
+                        f"--warm-workers={warm}", env=clean_environment(GQA_DECODE_REPORT_DIR="none"), timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "gqa-decode: the implementation declares knobs flavour" in result.stdout
 
