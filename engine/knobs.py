@@ -18,7 +18,12 @@ from hypothesis import strategies as st
 
 from . import examples
 
-__all__ = ["KnobDraws"]
+__all__ = ["KnobDraws", "defaults"]
+
+
+def defaults(declared: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+    """Each declared knob at its default, its first value."""
+    return {name: values[0] for name, values in declared.items()}
 
 
 class KnobDraws:
@@ -35,7 +40,7 @@ class KnobDraws:
             return {}
         example = examples.running_example()
         if example is None:
-            return {name: values[0] for name, values in self.knobs.items()}
+            return defaults(self.knobs)
         if example is not self._example:
             strategy = st.fixed_dictionaries({name: st.sampled_from(values) for name, values in self.knobs.items()})
             self._example, self._values = example, examples.draw_in(example, strategy, label="knobs")

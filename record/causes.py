@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Budget", "Cause", "ClaimReferenceError", "Failure", "Prober", "as_json", "claim_at", "failures_of_run",
-    "find_causes", "grouped", "knob_defaults", "load", "save", "short_case", "summary_lines",
+    "find_causes", "grouped", "load", "save", "short_case", "summary_lines",
 ]
 
 FILE_NAME = "causes.json"
@@ -207,7 +207,7 @@ class Prober:
 
     A failure's claim is the one its case file names (``Failure.claim``, imported by ``claim_at``);
     ``release`` frees what a probe left where the device is short of memory. ``tried`` lists every probe in words.
-    ``knob_defaults``: each of the implementation's knobs at its declared default (its first value), which a
+    ``knob_defaults``: each of the implementation's knobs at its declared default (``knobs.defaults``), which a
     representative's knob moves to as a case field moves to its default.
     """
 
@@ -686,11 +686,6 @@ def failures_of_run(index: list[dict], failed_nodeids: list[str], isolated: bool
             seen.add(property_name(nodeid))
             failures.append(Failure(nodeid))
     return failures
-
-
-def knob_defaults(declared: dict[str, tuple]) -> dict[str, Any]:
-    """Each declared knob (``run.knobs``: its values, the default first) at its default, for ``Prober``."""
-    return {name: values[0] for name, values in declared.items() if values}
 
 
 def _knobs_of(payload: dict, names: tuple[str, ...]) -> dict:

@@ -238,7 +238,7 @@ def probed_causes(gathered: Gathered, impl_spec: str, device: str, contract: str
     release = torch.cuda.empty_cache if where.type == "cuda" else (lambda: None)
     found = failures(gathered, isolated, tuple(target.knobs))
     prober = causes.Prober(impl, where, contract, budget=causes.Budget.for_failures(len(found)), release=release,
-                           knob_defaults=causes.knob_defaults(target.knobs))
+                           knob_defaults=knobs.defaults(target.knobs))
     try:
         return causes.grouped(found, prober)
     finally:

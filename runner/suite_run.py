@@ -626,7 +626,7 @@ class SuiteRun:
         deadline = state.plan.deadline
         budget = causes.Budget.for_failures(len(failures), None if deadline is None else deadline - time.time())
         prober = causes.Prober(self.guarded_impl(), state.device, state.plan.contract, budget=budget, release=release,
-                               knob_defaults=causes.knob_defaults(state.target.knobs))
+                               knob_defaults=knobs.defaults(state.target.knobs))
         if self.guard.lost is not None:
             prober.stopped = "the CUDA context was lost in this process"
         self.probing = True

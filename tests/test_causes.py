@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gqa_decode_fuzz.engine import knobs
 from gqa_decode_fuzz.engine.target import in_definition_order
 from gqa_decode_fuzz.generation.cases import DecodeCase, definitions
 from gqa_decode_fuzz.properties import claims
@@ -476,7 +477,7 @@ def test_a_failure_on_another_knob_path_joins_only_where_the_representatives_cas
                 Failure(BLOCK_EDGES, "b.pt", "AssertionError", case=DecodeCase(lengths=(7,)), knobs=plain),
                 Failure(SINGLE_TOKEN, "c.pt", "AssertionError", case=DecodeCase(lengths=(1, 7)), knobs=fast)]
     prober = _prober(_two_paths, probes=100, seconds=100)
-    prober.knob_defaults = causes.knob_defaults({"path": ("plain", "fast")})
+    prober.knob_defaults = knobs.defaults({"path": ("plain", "fast")})
     found = find_causes(failures, prober)
     assert [cause.properties for cause in found] == [[BOUND, SINGLE_TOKEN], [BLOCK_EDGES]], prober.tried
     # the knob is a need where its default passes, and said first: the two causes read apart
